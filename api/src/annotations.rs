@@ -1,0 +1,36 @@
+//! Annotation keys gpu-mps reads and writes.
+
+/// Pod- or container-level: pinned device memory per CUDA process (a Kubernetes quantity).
+pub const MEMORY_LIMIT: &str = "gpu-mps.io/memory-limit";
+/// Pod- or container-level: share of the GPU's SMs, 1 to 100.
+pub const ACTIVE_THREAD_PERCENTAGE: &str = "gpu-mps.io/active-thread-percentage";
+/// Written by the shim: which daemon serves the container (for debugging).
+pub const DAEMON: &str = "gpu-mps.io/daemon";
+/// Written by the shim: the limits it resolved, as `<memory>/<threads>%`.
+pub const LIMITS: &str = "gpu-mps.io/limits";
+
+/// The suffix of both keys: a container-level annotation is `<container-name>.gpu-mps.io/...`
+/// (a valid Kubernetes annotation key for every container name), so that one pod annotation can
+/// give one container of a pod its own limits.
+pub const DOMAIN: &str = "gpu-mps.io";
+
+/// Set by containerd's CRI plugin on every container spec.
+pub const CRI_CONTAINER_TYPE: &str = "io.kubernetes.cri.container-type";
+pub const CRI_CONTAINER_NAME: &str = "io.kubernetes.cri.container-name";
+pub const CRI_SANDBOX_NAME: &str = "io.kubernetes.cri.sandbox-name";
+pub const CRI_SANDBOX_NAMESPACE: &str = "io.kubernetes.cri.sandbox-namespace";
+/// Prefix of CDI device annotations (`cdi.k8s.io/<plugin>: nvidia.com/gpu=0`).
+pub const CDI_PREFIX: &str = "cdi.k8s.io/";
+
+/// The container-level key for `base` (one of MEMORY_LIMIT, ACTIVE_THREAD_PERCENTAGE).
+pub fn container_key(container_name: &str, base: &str) -> String {
+    format!("{container_name}.{base}")
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn container_key_prefixes_the_domain() {
+        assert_eq!(super::container_key("infer", super::MEMORY_LIMIT), "infer.gpu-mps.io/memory-limit");
+    }
+}

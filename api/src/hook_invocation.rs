@@ -1,0 +1,49 @@
+//! The arguments the shim writes into a container's hooks and gpu-mps-hook reads back.
+//! One definition on both sides, so the two binaries cannot drift apart.
+
+use crate::limits::Limits;
+
+/// Hook stages gpu-mps-hook is installed at.
+pub const STAGE_CREATE_RUNTIME: &str = "create-runtime";
+pub const STAGE_POSTSTOP: &str = "poststop";
+
+/// What the createRuntime hook asks the manager for. Container id, pid and bundle come from
+/// the OCI state runc writes to the hook's stdin.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct AcquireArgs {
+    pub socket: String,
+    pub timeout_seconds: u64,
+    pub gpu_uuids: Vec<String>,
+    pub limits: Limits,
+    pub namespace: String,
+    pub pod: String,
+    pub container_name: String,
+}
+
+impl AcquireArgs {
+    /// `args` of the OCI hook, argv[0] included.
+    pub fn to_hook_args(&self) -> Vec<String> {
+        vec![
+            "gpu-mps-hook".into(),
+            STAGE_CREATE_RUNTIME.into(),
+            format!("--socket={}", self.socket),
+            format!("--timeout-seconds={}", self.timeout_seconds),
+            format!("--gpus={}", self.gpu_uuids.join(",")),
+            format!("--memory-limit-bytes={}", self.limits.memory_bytes),
+            format!("--active-thread-percentage={}", self.limits.thread_percentage),
+            format!("--namespace={}", self.namespace),
+            format!("--pod={}", self.pod),
+            format!("--container-name={}", self.container_name),
+        ]
+    }
+}
+
+/// `args` of the poststop hook.
+pub fn release_hook_args(socket: &str, timeout_seconds: u64) -> Vec<String> {
+    vec![
+        "gpu-mps-hook".into(),
+        STAGE_POSTSTOP.into(),
+        format!("--socket={socket}"),
+        format!("--timeout-seconds={timeout_seconds}"),
+    ]
+}

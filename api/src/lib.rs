@@ -1,0 +1,32 @@
+//! Types shared by gpu-mps-shim, gpu-mps-hook and gpu-mps-manager. No I/O here, except the
+//! generated ttrpc client and server code in [`proto`].
+
+pub mod annotations;
+pub mod daemon_key;
+pub mod hook_invocation;
+pub mod inventory;
+pub mod limits;
+pub mod node_config;
+pub mod quantity;
+
+pub use daemon_key::DaemonKey;
+pub use limits::Limits;
+pub use node_config::NodeConfig;
+
+/// Generated from proto/manager.proto: messages in `manager`, the ttrpc client
+/// (`ManagerClient`) and server trait (`Manager`, `create_manager`) in `manager_ttrpc`.
+pub mod proto {
+    #[allow(warnings, clippy::all, unsafe_code)]
+    pub mod manager {
+        include!(concat!(env!("OUT_DIR"), "/manager.rs"));
+    }
+    #[allow(warnings, clippy::all, unsafe_code)]
+    pub mod manager_ttrpc {
+        include!(concat!(env!("OUT_DIR"), "/manager_ttrpc.rs"));
+    }
+    pub use manager::*;
+}
+
+/// Where the container sees its GPU's MPS pipe dir: the default path, so that a process that
+/// unsets CUDA_MPS_PIPE_DIRECTORY still lands on MPS.
+pub const CONTAINER_PIPE_DIR: &str = "/tmp/nvidia-mps";

@@ -1,0 +1,368 @@
+//! `/etc/gpu-mps/config.toml`: the node's settings, shared by the shim and the manager.
+//!
+//! Parsing is pure (`NodeConfig::from_toml`); the binaries read the file. Unknown keys are
+//! an error: a typo such as `polcy = "ceiling"` must not silently leave the node on `uniform`.
+
+use std::fmt;
+use std::path::{Path, PathBuf};
+use std::str::FromStr;
+
+use serde::{Deserialize, Serialize};
+use thiserror::Error;
+
+use crate::limits::{self, LimitError, Limits};
+
+pub const DEFAULT_CONFIG_PATH: &str = "/etc/gpu-mps/config.toml";
+/// Environment variable that points the shim, manager and CLI at another config file.
+pub const CONFIG_ENV: &str = "GPU_MPS_CONFIG";
+/// The MPS limit on client contexts per GPU on Volta and newer up to CUDA 13.0.
+pub const MPS_MAX_CLIENTS_PER_GPU: u32 = 48;
+
+#[derive(Debug, Error)]
+pub enum ConfigError {
+    #[error("{path}: {message}")]
+    Syntax { path: String, message: String },
+    #[error("{path}: {key} = {value:?}: {source}")]
+    Limit { path: String, key: &'static str, value: String, source: LimitError },
+    #[error("{path}: {key}: {message}")]
+    Invalid { path: String, key: &'static str, message: String },
+}
+
+/// How one server serves pods with different limits (see docs/adr/0003-limit-policies.md).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum LimitPolicy {
+    /// A GPU serves one limit class at a time, enforced exactly by its server.
+    Uniform,
+    /// The server enforces the node's ceiling; each container's env asks for less.
+    Ceiling,
+}
+
+/// Whether pods of different namespaces may share a GPU's server.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Tenancy {
+    Shared,
+    Exclusive,
+}
+
+impl fmt::Display for LimitPolicy {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            LimitPolicy::Uniform => "uniform",
+            LimitPolicy::Ceiling => "ceiling",
+        })
+    }
+}
+
+impl fmt::Display for Tenancy {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            Tenancy::Shared => "shared",
+            Tenancy::Exclusive => "exclusive",
+        })
+    }
+}
+
+impl FromStr for LimitPolicy {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        match s {
+            "uniform" => Ok(LimitPolicy::Uniform),
+            "ceiling" => Ok(LimitPolicy::Ceiling),
+            other => Err(format!("{other:?} is not a policy: expected \"uniform\" or \"ceiling\"")),
+        }
+    }
+}
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawConfig {
+    root: Option<PathBuf>,
+    hook_path: Option<PathBuf>,
+    runc_path: Option<PathBuf>,
+    #[serde(default)]
+    limits: RawLimits,
+    #[serde(default)]
+    daemon: RawDaemon,
+    #[serde(default)]
+    hook: RawHook,
+}
+
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawLimits {
+    policy: Option<LimitPolicy>,
+    tenancy: Option<Tenancy>,
+    default_memory_limit: Option<String>,
+    default_active_thread_percentage: Option<u8>,
+    ceiling_memory_limit: Option<String>,
+    ceiling_active_thread_percentage: Option<u8>,
+    overcommit: Option<f64>,
+    max_clients_per_gpu: Option<u32>,
+    allow_overlapping_gpu_sets: Option<bool>,
+}
+
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawDaemon {
+    control_binary: Option<PathBuf>,
+    idle_grace_seconds: Option<u64>,
+    exclusive_process: Option<bool>,
+    start_timeout_seconds: Option<u64>,
+}
+
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawHook {
+    timeout_seconds: Option<u64>,
+}
+
+/// The node's settings, validated, with defaults filled in.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct NodeConfig {
+    /// Host directory for daemons, state, inventory and the manager socket. Never
+    /// /tmp/nvidia-mps: nvidia-container-toolkit bind-mounts that path into GPU containers.
+    pub root: PathBuf,
+    /// Where the shim tells runc to find gpu-mps-hook.
+    pub hook_path: PathBuf,
+    /// The real runc the shim execs.
+    pub runc_path: PathBuf,
+    pub policy: LimitPolicy,
+    pub tenancy: Tenancy,
+    /// Limits of a container that asks for none. `None`: such a container is refused.
+    pub default_limits: Option<Limits>,
+    /// Server limits under `policy = "ceiling"`.
+    pub ceiling: Option<Limits>,
+    pub overcommit: f64,
+    pub max_clients_per_gpu: u32,
+    pub allow_overlapping_gpu_sets: bool,
+    pub control_binary: PathBuf,
+    pub idle_grace_seconds: u64,
+    pub exclusive_process: bool,
+    pub start_timeout_seconds: u64,
+    pub hook_timeout_seconds: u64,
+}
+
+impl Default for NodeConfig {
+    fn default() -> Self {
+        NodeConfig {
+            root: PathBuf::from("/run/gpu-mps"),
+            hook_path: PathBuf::from("/usr/local/bin/gpu-mps-hook"),
+            runc_path: PathBuf::from("/usr/sbin/runc"),
+            policy: LimitPolicy::Uniform,
+            tenancy: Tenancy::Shared,
+            default_limits: None,
+            ceiling: None,
+            overcommit: 1.0,
+            max_clients_per_gpu: MPS_MAX_CLIENTS_PER_GPU,
+            allow_overlapping_gpu_sets: false,
+            control_binary: PathBuf::from("nvidia-cuda-mps-control"),
+            idle_grace_seconds: 60,
+            exclusive_process: true,
+            start_timeout_seconds: 10,
+            hook_timeout_seconds: 10,
+        }
+    }
+}
+
+impl NodeConfig {
+    /// Parses the TOML text of a config file; `path` is only used in error messages.
+    pub fn from_toml(text: &str, path: &Path) -> Result<Self, ConfigError> {
+        let p = path.display().to_string();
+        let raw: RawConfig =
+            toml::from_str(text).map_err(|e| ConfigError::Syntax { path: p.clone(), message: one_line(&e) })?;
+        let d = NodeConfig::default();
+        let memory = |key: &'static str, value: Option<String>| -> Result<Option<u64>, ConfigError> {
+            value
+                .map(|v| {
+                    limits::parse_memory_limit(&v).map_err(|source| ConfigError::Limit {
+                        path: p.clone(),
+                        key,
+                        value: v.clone(),
+                        source,
+                    })
+                })
+                .transpose()
+        };
+        let threads = |key: &'static str, value: Option<u8>| -> Result<Option<u8>, ConfigError> {
+            match value {
+                Some(v) if !(1..=100).contains(&v) => Err(ConfigError::Limit {
+                    path: p.clone(),
+                    key,
+                    value: v.to_string(),
+                    source: LimitError::ThreadPercentage { value: v.to_string() },
+                }),
+                v => Ok(v),
+            }
+        };
+        let pair = |key: &'static str, m: Option<u64>, t: Option<u8>| -> Result<Option<Limits>, ConfigError> {
+            match (m, t) {
+                (Some(memory_bytes), Some(thread_percentage)) => {
+                    Ok(Some(Limits { memory_bytes, thread_percentage }))
+                }
+                (None, None) => Ok(None),
+                _ => Err(ConfigError::Invalid {
+                    path: p.clone(),
+                    key,
+                    message: "set both the memory limit and the active thread percentage, or neither".into(),
+                }),
+            }
+        };
+        let l = raw.limits;
+        let default_limits = pair(
+            "limits.default_*",
+            memory("limits.default_memory_limit", l.default_memory_limit)?,
+            threads("limits.default_active_thread_percentage", l.default_active_thread_percentage)?,
+        )?;
+        let ceiling = pair(
+            "limits.ceiling_*",
+            memory("limits.ceiling_memory_limit", l.ceiling_memory_limit)?,
+            threads("limits.ceiling_active_thread_percentage", l.ceiling_active_thread_percentage)?,
+        )?;
+        let policy = l.policy.unwrap_or(d.policy);
+        if policy == LimitPolicy::Ceiling && ceiling.is_none() {
+            return Err(ConfigError::Invalid {
+                path: p,
+                key: "limits.ceiling_memory_limit",
+                message: "policy = \"ceiling\" needs ceiling_memory_limit and ceiling_active_thread_percentage"
+                    .into(),
+            });
+        }
+        let overcommit = l.overcommit.unwrap_or(d.overcommit);
+        if !(overcommit > 0.0 && overcommit <= 16.0) {
+            return Err(ConfigError::Invalid {
+                path: p,
+                key: "limits.overcommit",
+                message: format!("{overcommit} is out of range: expected a factor above 0 and at most 16"),
+            });
+        }
+        let max_clients = l.max_clients_per_gpu.unwrap_or(d.max_clients_per_gpu);
+        if max_clients == 0 || max_clients > MPS_MAX_CLIENTS_PER_GPU {
+            return Err(ConfigError::Invalid {
+                path: p,
+                key: "limits.max_clients_per_gpu",
+                message: format!("{max_clients} is out of range: expected 1 to {MPS_MAX_CLIENTS_PER_GPU}"),
+            });
+        }
+        let root = raw.root.unwrap_or(d.root);
+        if root.is_relative() {
+            return Err(ConfigError::Invalid { path: p, key: "root", message: "must be an absolute path".into() });
+        }
+        if root.starts_with("/tmp/nvidia-mps") {
+            return Err(ConfigError::Invalid {
+                path: p,
+                key: "root",
+                message: "must not be under /tmp/nvidia-mps: nvidia-container-toolkit mounts that host path into every GPU container".into(),
+            });
+        }
+        Ok(NodeConfig {
+            root,
+            hook_path: raw.hook_path.unwrap_or(d.hook_path),
+            runc_path: raw.runc_path.unwrap_or(d.runc_path),
+            policy,
+            tenancy: l.tenancy.unwrap_or(d.tenancy),
+            default_limits,
+            ceiling,
+            overcommit,
+            max_clients_per_gpu: max_clients,
+            allow_overlapping_gpu_sets: l.allow_overlapping_gpu_sets.unwrap_or(d.allow_overlapping_gpu_sets),
+            control_binary: raw.daemon.control_binary.unwrap_or(d.control_binary),
+            idle_grace_seconds: raw.daemon.idle_grace_seconds.unwrap_or(d.idle_grace_seconds),
+            exclusive_process: raw.daemon.exclusive_process.unwrap_or(d.exclusive_process),
+            start_timeout_seconds: raw.daemon.start_timeout_seconds.unwrap_or(d.start_timeout_seconds).max(1),
+            hook_timeout_seconds: raw.hook.timeout_seconds.unwrap_or(d.hook_timeout_seconds).clamp(1, 60),
+        })
+    }
+
+    pub fn manager_socket(&self) -> PathBuf {
+        self.root.join("manager.sock")
+    }
+
+    pub fn inventory_path(&self) -> PathBuf {
+        self.root.join("inventory.json")
+    }
+
+    pub fn state_path(&self) -> PathBuf {
+        self.root.join("state.json")
+    }
+
+    pub fn daemon_dir(&self, key: &crate::DaemonKey) -> PathBuf {
+        self.root.join("daemons").join(key.dir_name())
+    }
+
+    pub fn pipe_dir(&self, key: &crate::DaemonKey) -> PathBuf {
+        self.daemon_dir(key).join("pipe")
+    }
+
+    pub fn log_dir(&self, key: &crate::DaemonKey) -> PathBuf {
+        self.daemon_dir(key).join("log")
+    }
+}
+
+/// The config path: `$GPU_MPS_CONFIG` if set, else /etc/gpu-mps/config.toml.
+pub fn config_path_from_env() -> PathBuf {
+    std::env::var_os(CONFIG_ENV).map(PathBuf::from).unwrap_or_else(|| PathBuf::from(DEFAULT_CONFIG_PATH))
+}
+
+fn one_line(e: &toml::de::Error) -> String {
+    e.to_string().split_whitespace().collect::<Vec<_>>().join(" ")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn parse(text: &str) -> Result<NodeConfig, ConfigError> {
+        NodeConfig::from_toml(text, Path::new("/etc/gpu-mps/config.toml"))
+    }
+
+    #[test]
+    fn empty_file_gives_defaults() {
+        assert_eq!(parse("").unwrap(), NodeConfig::default());
+    }
+
+    #[test]
+    fn full_file() {
+        let c = parse(
+            r#"
+            root = "/run/x"
+            [limits]
+            policy = "ceiling"
+            tenancy = "exclusive"
+            default_memory_limit = "4Gi"
+            default_active_thread_percentage = 25
+            ceiling_memory_limit = "16Gi"
+            ceiling_active_thread_percentage = 50
+            overcommit = 1.5
+            [daemon]
+            idle_grace_seconds = 5
+            exclusive_process = false
+            "#,
+        )
+        .unwrap();
+        assert_eq!(c.policy, LimitPolicy::Ceiling);
+        assert_eq!(c.tenancy, Tenancy::Exclusive);
+        assert_eq!(c.default_limits, Some(Limits { memory_bytes: 4 << 30, thread_percentage: 25 }));
+        assert_eq!(c.ceiling, Some(Limits { memory_bytes: 16 << 30, thread_percentage: 50 }));
+        assert_eq!(c.manager_socket(), PathBuf::from("/run/x/manager.sock"));
+        assert!(!c.exclusive_process);
+    }
+
+    #[test]
+    fn errors_name_file_key_and_value() {
+        let e = parse("[limits]\npolcy = \"ceiling\"").unwrap_err().to_string();
+        assert!(e.contains("/etc/gpu-mps/config.toml") && e.contains("polcy"), "{e}");
+        let e = parse("[limits]\ndefault_memory_limit = \"4GB\"\ndefault_active_thread_percentage = 5")
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("limits.default_memory_limit") && e.contains("4GB"), "{e}");
+        let e = parse("[limits]\npolicy = \"ceiling\"").unwrap_err().to_string();
+        assert!(e.contains("ceiling_memory_limit"), "{e}");
+        let e = parse("[limits]\ndefault_memory_limit = \"4Gi\"").unwrap_err().to_string();
+        assert!(e.contains("both"), "{e}");
+        assert!(parse("root = \"/tmp/nvidia-mps\"").is_err());
+        assert!(parse("[limits]\nmax_clients_per_gpu = 49").is_err());
+        assert!(parse("[limits]\ndefault_active_thread_percentage = 0\ndefault_memory_limit = \"1Gi\"").is_err());
+    }
+}
