@@ -1,0 +1,1 @@
+//! gpu-mps-manager library.

@@ -1,0 +1,1 @@
+//! gpu-mps-shim library: the pure spec rewrite and the runc argument parsing.

@@ -1,0 +1,1 @@
+//! Test harness: private containerd instances, a CRI client playing kubelet, test images.
