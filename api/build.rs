@@ -11,7 +11,10 @@ fn main() {
         .rust_protobuf()
         // The manager serves asynchronously (tokio); the hook and the CLI are short-lived
         // synchronous clients.
-        .customize(ttrpc_codegen::Customize { async_server: true, ..Default::default() })
+        .customize(ttrpc_codegen::Customize {
+            async_server: true,
+            ..Default::default()
+        })
         .run()
         .expect("generating the ttrpc code for proto/manager.proto");
     // The generated files start with inner attributes (`#![allow(...)]`), which `include!`

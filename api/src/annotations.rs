@@ -31,6 +31,9 @@ pub fn container_key(container_name: &str, base: &str) -> String {
 mod tests {
     #[test]
     fn container_key_prefixes_the_domain() {
-        assert_eq!(super::container_key("infer", super::MEMORY_LIMIT), "infer.gpu-mps.io/memory-limit");
+        assert_eq!(
+            super::container_key("infer", super::MEMORY_LIMIT),
+            "infer.gpu-mps.io/memory-limit"
+        );
     }
 }

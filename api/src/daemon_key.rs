@@ -56,7 +56,9 @@ impl fmt::Display for DaemonKey {
 
 // FNV-1a: stable across releases and platforms, which std's hasher is not promised to be.
 fn fnv1a64(bytes: &[u8]) -> u64 {
-    bytes.iter().fold(0xcbf2_9ce4_8422_2325, |h, b| (h ^ u64::from(*b)).wrapping_mul(0x0100_0000_01b3))
+    bytes.iter().fold(0xcbf2_9ce4_8422_2325, |h, b| {
+        (h ^ u64::from(*b)).wrapping_mul(0x0100_0000_01b3)
+    })
 }
 
 #[cfg(test)]
@@ -75,7 +77,10 @@ mod tests {
     fn dir_names_are_short_and_stable() {
         let one = DaemonKey::new(["GPU-f4a5989b-1a67-4cc0-7351-377fc0e0cef8"]);
         assert_eq!(one.dir_name(), "GPU-f4a5989b-1a67-4cc0-7351-377fc0e0cef8");
-        let two = DaemonKey::new(["GPU-f4a5989b-1a67-4cc0-7351-377fc0e0cef8", "GPU-00000000-1a67-4cc0-7351-377fc0e0cef8"]);
+        let two = DaemonKey::new([
+            "GPU-f4a5989b-1a67-4cc0-7351-377fc0e0cef8",
+            "GPU-00000000-1a67-4cc0-7351-377fc0e0cef8",
+        ]);
         assert_eq!(two.dir_name().len(), 20);
         assert_eq!(two.dir_name(), two.clone().dir_name());
         assert_ne!(two.dir_name(), DaemonKey::new(["GPU-x", "GPU-y"]).dir_name());

@@ -55,7 +55,11 @@ impl Inventory {
         if self.gpus.is_empty() {
             return "none".into();
         }
-        self.gpus.iter().map(|g| format!("{}={}", g.index, g.uuid)).collect::<Vec<_>>().join(", ")
+        self.gpus
+            .iter()
+            .map(|g| format!("{}={}", g.index, g.uuid))
+            .collect::<Vec<_>>()
+            .join(", ")
     }
 }
 
@@ -72,7 +76,10 @@ mod tests {
             compute_mode: "Default".into(),
             mig_enabled: false,
         };
-        Inventory { source: "nvml".into(), gpus: vec![gpu(0, "GPU-aaaa-1111"), gpu(1, "GPU-bbbb-2222")] }
+        Inventory {
+            source: "nvml".into(),
+            gpus: vec![gpu(0, "GPU-aaaa-1111"), gpu(1, "GPU-bbbb-2222")],
+        }
     }
 
     #[test]
@@ -89,6 +96,9 @@ mod tests {
     #[test]
     fn round_trips_json() {
         let i = inv();
-        assert_eq!(Inventory::from_json(&serde_json::to_string(&i).unwrap()).unwrap(), i);
+        assert_eq!(
+            Inventory::from_json(&serde_json::to_string(&i).unwrap()).unwrap(),
+            i
+        );
     }
 }

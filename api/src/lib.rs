@@ -2,6 +2,7 @@
 //! generated ttrpc client and server code in [`proto`].
 
 pub mod annotations;
+pub mod client;
 pub mod daemon_key;
 pub mod hook_invocation;
 pub mod inventory;

@@ -39,7 +39,10 @@ impl Limits {
     /// `CUDA_MPS_PINNED_DEVICE_MEM_LIMIT` for a client that sees `device_count` devices.
     pub fn mps_memory_env(&self, device_count: usize) -> String {
         let value = self.mps_memory_value();
-        (0..device_count.max(1)).map(|ordinal| format!("{ordinal}={value}")).collect::<Vec<_>>().join(",")
+        (0..device_count.max(1))
+            .map(|ordinal| format!("{ordinal}={value}"))
+            .collect::<Vec<_>>()
+            .join(",")
     }
 
     /// The memory limit rounded down to MiB, as it is really applied.
@@ -50,7 +53,12 @@ impl Limits {
 
 impl fmt::Display for Limits {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "{}/{}%", quantity::format_bytes(self.memory_bytes), self.thread_percentage)
+        write!(
+            f,
+            "{}/{}%",
+            quantity::format_bytes(self.memory_bytes),
+            self.thread_percentage
+        )
     }
 }
 
@@ -58,14 +66,18 @@ impl fmt::Display for Limits {
 pub fn parse_memory_limit(value: &str) -> Result<u64, LimitError> {
     let bytes = quantity::parse_bytes(value)?;
     if bytes < MIN_MEMORY_LIMIT_BYTES {
-        return Err(LimitError::MemoryTooSmall { value: value.to_string() });
+        return Err(LimitError::MemoryTooSmall {
+            value: value.to_string(),
+        });
     }
     Ok(bytes)
 }
 
 /// Parses an active thread percentage: a whole number from 1 to 100.
 pub fn parse_thread_percentage(value: &str) -> Result<u8, LimitError> {
-    let err = || LimitError::ThreadPercentage { value: value.to_string() };
+    let err = || LimitError::ThreadPercentage {
+        value: value.to_string(),
+    };
     let n: u8 = value.trim().parse().map_err(|_| err())?;
     if (1..=100).contains(&n) { Ok(n) } else { Err(err()) }
 }
@@ -76,11 +88,17 @@ mod tests {
 
     #[test]
     fn mps_values_are_whole_mib() {
-        let l = Limits { memory_bytes: 4 << 30, thread_percentage: 25 };
+        let l = Limits {
+            memory_bytes: 4 << 30,
+            thread_percentage: 25,
+        };
         assert_eq!(l.mps_memory_value(), "4096M");
         assert_eq!(l.mps_memory_env(2), "0=4096M,1=4096M");
         assert_eq!(l.to_string(), "4Gi/25%");
-        let decimal = Limits { memory_bytes: 4_000_000_000, thread_percentage: 50 };
+        let decimal = Limits {
+            memory_bytes: 4_000_000_000,
+            thread_percentage: 50,
+        };
         assert_eq!(decimal.mps_memory_value(), "3814M");
         assert_eq!(decimal.effective_memory_bytes(), 3814 << 20);
     }
@@ -97,7 +115,10 @@ mod tests {
     #[test]
     fn memory_limit_has_a_floor() {
         assert_eq!(parse_memory_limit("64Mi"), Ok(64 << 20));
-        assert!(matches!(parse_memory_limit("4096"), Err(LimitError::MemoryTooSmall { .. })));
+        assert!(matches!(
+            parse_memory_limit("4096"),
+            Err(LimitError::MemoryTooSmall { .. })
+        ));
         assert!(matches!(parse_memory_limit("4GB"), Err(LimitError::Quantity(_))));
     }
 }

@@ -23,9 +23,18 @@ pub enum ConfigError {
     #[error("{path}: {message}")]
     Syntax { path: String, message: String },
     #[error("{path}: {key} = {value:?}: {source}")]
-    Limit { path: String, key: &'static str, value: String, source: LimitError },
+    Limit {
+        path: String,
+        key: &'static str,
+        value: String,
+        source: LimitError,
+    },
     #[error("{path}: {key}: {message}")]
-    Invalid { path: String, key: &'static str, message: String },
+    Invalid {
+        path: String,
+        key: &'static str,
+        message: String,
+    },
 }
 
 /// How one server serves pods with different limits (see docs/adr/0003-limit-policies.md).
@@ -70,7 +79,9 @@ impl FromStr for LimitPolicy {
         match s {
             "uniform" => Ok(LimitPolicy::Uniform),
             "ceiling" => Ok(LimitPolicy::Ceiling),
-            other => Err(format!("{other:?} is not a policy: expected \"uniform\" or \"ceiling\"")),
+            other => Err(format!(
+                "{other:?} is not a policy: expected \"uniform\" or \"ceiling\""
+            )),
         }
     }
 }
@@ -170,8 +181,10 @@ impl NodeConfig {
     /// Parses the TOML text of a config file; `path` is only used in error messages.
     pub fn from_toml(text: &str, path: &Path) -> Result<Self, ConfigError> {
         let p = path.display().to_string();
-        let raw: RawConfig =
-            toml::from_str(text).map_err(|e| ConfigError::Syntax { path: p.clone(), message: one_line(&e) })?;
+        let raw: RawConfig = toml::from_str(text).map_err(|e| ConfigError::Syntax {
+            path: p.clone(),
+            message: one_line(&e),
+        })?;
         let d = NodeConfig::default();
         let memory = |key: &'static str, value: Option<String>| -> Result<Option<u64>, ConfigError> {
             value
@@ -196,37 +209,47 @@ impl NodeConfig {
                 v => Ok(v),
             }
         };
-        let pair = |key: &'static str, m: Option<u64>, t: Option<u8>| -> Result<Option<Limits>, ConfigError> {
-            match (m, t) {
-                (Some(memory_bytes), Some(thread_percentage)) => {
-                    Ok(Some(Limits { memory_bytes, thread_percentage }))
+        let pair =
+            |key: &'static str, m: Option<u64>, t: Option<u8>| -> Result<Option<Limits>, ConfigError> {
+                match (m, t) {
+                    (Some(memory_bytes), Some(thread_percentage)) => Ok(Some(Limits {
+                        memory_bytes,
+                        thread_percentage,
+                    })),
+                    (None, None) => Ok(None),
+                    _ => Err(ConfigError::Invalid {
+                        path: p.clone(),
+                        key,
+                        message: "set both the memory limit and the active thread percentage, or neither"
+                            .into(),
+                    }),
                 }
-                (None, None) => Ok(None),
-                _ => Err(ConfigError::Invalid {
-                    path: p.clone(),
-                    key,
-                    message: "set both the memory limit and the active thread percentage, or neither".into(),
-                }),
-            }
-        };
+            };
         let l = raw.limits;
         let default_limits = pair(
             "limits.default_*",
             memory("limits.default_memory_limit", l.default_memory_limit)?,
-            threads("limits.default_active_thread_percentage", l.default_active_thread_percentage)?,
+            threads(
+                "limits.default_active_thread_percentage",
+                l.default_active_thread_percentage,
+            )?,
         )?;
         let ceiling = pair(
             "limits.ceiling_*",
             memory("limits.ceiling_memory_limit", l.ceiling_memory_limit)?,
-            threads("limits.ceiling_active_thread_percentage", l.ceiling_active_thread_percentage)?,
+            threads(
+                "limits.ceiling_active_thread_percentage",
+                l.ceiling_active_thread_percentage,
+            )?,
         )?;
         let policy = l.policy.unwrap_or(d.policy);
         if policy == LimitPolicy::Ceiling && ceiling.is_none() {
             return Err(ConfigError::Invalid {
                 path: p,
                 key: "limits.ceiling_memory_limit",
-                message: "policy = \"ceiling\" needs ceiling_memory_limit and ceiling_active_thread_percentage"
-                    .into(),
+                message:
+                    "policy = \"ceiling\" needs ceiling_memory_limit and ceiling_active_thread_percentage"
+                        .into(),
             });
         }
         let overcommit = l.overcommit.unwrap_or(d.overcommit);
@@ -247,7 +270,11 @@ impl NodeConfig {
         }
         let root = raw.root.unwrap_or(d.root);
         if root.is_relative() {
-            return Err(ConfigError::Invalid { path: p, key: "root", message: "must be an absolute path".into() });
+            return Err(ConfigError::Invalid {
+                path: p,
+                key: "root",
+                message: "must be an absolute path".into(),
+            });
         }
         if root.starts_with("/tmp/nvidia-mps") {
             return Err(ConfigError::Invalid {
@@ -266,12 +293,22 @@ impl NodeConfig {
             ceiling,
             overcommit,
             max_clients_per_gpu: max_clients,
-            allow_overlapping_gpu_sets: l.allow_overlapping_gpu_sets.unwrap_or(d.allow_overlapping_gpu_sets),
+            allow_overlapping_gpu_sets: l
+                .allow_overlapping_gpu_sets
+                .unwrap_or(d.allow_overlapping_gpu_sets),
             control_binary: raw.daemon.control_binary.unwrap_or(d.control_binary),
             idle_grace_seconds: raw.daemon.idle_grace_seconds.unwrap_or(d.idle_grace_seconds),
             exclusive_process: raw.daemon.exclusive_process.unwrap_or(d.exclusive_process),
-            start_timeout_seconds: raw.daemon.start_timeout_seconds.unwrap_or(d.start_timeout_seconds).max(1),
-            hook_timeout_seconds: raw.hook.timeout_seconds.unwrap_or(d.hook_timeout_seconds).clamp(1, 60),
+            start_timeout_seconds: raw
+                .daemon
+                .start_timeout_seconds
+                .unwrap_or(d.start_timeout_seconds)
+                .max(1),
+            hook_timeout_seconds: raw
+                .hook
+                .timeout_seconds
+                .unwrap_or(d.hook_timeout_seconds)
+                .clamp(1, 60),
         })
     }
 
@@ -302,7 +339,9 @@ impl NodeConfig {
 
 /// The config path: `$GPU_MPS_CONFIG` if set, else /etc/gpu-mps/config.toml.
 pub fn config_path_from_env() -> PathBuf {
-    std::env::var_os(CONFIG_ENV).map(PathBuf::from).unwrap_or_else(|| PathBuf::from(DEFAULT_CONFIG_PATH))
+    std::env::var_os(CONFIG_ENV)
+        .map(PathBuf::from)
+        .unwrap_or_else(|| PathBuf::from(DEFAULT_CONFIG_PATH))
 }
 
 fn one_line(e: &toml::de::Error) -> String {
@@ -343,8 +382,20 @@ mod tests {
         .unwrap();
         assert_eq!(c.policy, LimitPolicy::Ceiling);
         assert_eq!(c.tenancy, Tenancy::Exclusive);
-        assert_eq!(c.default_limits, Some(Limits { memory_bytes: 4 << 30, thread_percentage: 25 }));
-        assert_eq!(c.ceiling, Some(Limits { memory_bytes: 16 << 30, thread_percentage: 50 }));
+        assert_eq!(
+            c.default_limits,
+            Some(Limits {
+                memory_bytes: 4 << 30,
+                thread_percentage: 25
+            })
+        );
+        assert_eq!(
+            c.ceiling,
+            Some(Limits {
+                memory_bytes: 16 << 30,
+                thread_percentage: 50
+            })
+        );
         assert_eq!(c.manager_socket(), PathBuf::from("/run/x/manager.sock"));
         assert!(!c.exclusive_process);
     }
@@ -352,17 +403,27 @@ mod tests {
     #[test]
     fn errors_name_file_key_and_value() {
         let e = parse("[limits]\npolcy = \"ceiling\"").unwrap_err().to_string();
-        assert!(e.contains("/etc/gpu-mps/config.toml") && e.contains("polcy"), "{e}");
+        assert!(
+            e.contains("/etc/gpu-mps/config.toml") && e.contains("polcy"),
+            "{e}"
+        );
         let e = parse("[limits]\ndefault_memory_limit = \"4GB\"\ndefault_active_thread_percentage = 5")
             .unwrap_err()
             .to_string();
-        assert!(e.contains("limits.default_memory_limit") && e.contains("4GB"), "{e}");
+        assert!(
+            e.contains("limits.default_memory_limit") && e.contains("4GB"),
+            "{e}"
+        );
         let e = parse("[limits]\npolicy = \"ceiling\"").unwrap_err().to_string();
         assert!(e.contains("ceiling_memory_limit"), "{e}");
-        let e = parse("[limits]\ndefault_memory_limit = \"4Gi\"").unwrap_err().to_string();
+        let e = parse("[limits]\ndefault_memory_limit = \"4Gi\"")
+            .unwrap_err()
+            .to_string();
         assert!(e.contains("both"), "{e}");
         assert!(parse("root = \"/tmp/nvidia-mps\"").is_err());
         assert!(parse("[limits]\nmax_clients_per_gpu = 49").is_err());
-        assert!(parse("[limits]\ndefault_active_thread_percentage = 0\ndefault_memory_limit = \"1Gi\"").is_err());
+        assert!(
+            parse("[limits]\ndefault_active_thread_percentage = 0\ndefault_memory_limit = \"1Gi\"").is_err()
+        );
     }
 }

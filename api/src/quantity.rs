@@ -7,7 +7,9 @@ use thiserror::Error;
 
 #[derive(Debug, Error, PartialEq, Eq)]
 pub enum QuantityError {
-    #[error("{value:?} is not a quantity: expected a number with an optional suffix (Ki, Mi, Gi, Ti, k, M, G, T), e.g. 4Gi")]
+    #[error(
+        "{value:?} is not a quantity: expected a number with an optional suffix (Ki, Mi, Gi, Ti, k, M, G, T), e.g. 4Gi"
+    )]
     Malformed { value: String },
     #[error("{value:?} has unknown suffix {suffix:?}: allowed are Ki, Mi, Gi, Ti, Pi, k, M, G, T, P")]
     UnknownSuffix { value: String, suffix: String },
@@ -20,10 +22,17 @@ pub enum QuantityError {
 /// Parses a Kubernetes quantity into bytes.
 pub fn parse_bytes(value: &str) -> Result<u64, QuantityError> {
     let trimmed = value.trim();
-    let malformed = || QuantityError::Malformed { value: value.to_string() };
-    let split = trimmed.find(|c: char| !(c.is_ascii_digit() || c == '.')).unwrap_or(trimmed.len());
+    let malformed = || QuantityError::Malformed {
+        value: value.to_string(),
+    };
+    let split = trimmed
+        .find(|c: char| !(c.is_ascii_digit() || c == '.'))
+        .unwrap_or(trimmed.len());
     let (number, suffix) = trimmed.split_at(split);
-    if number.is_empty() || number.starts_with('.') || number.ends_with('.') || number.matches('.').count() > 1
+    if number.is_empty()
+        || number.starts_with('.')
+        || number.ends_with('.')
+        || number.matches('.').count() > 1
     {
         return Err(malformed());
     }
@@ -41,12 +50,21 @@ pub fn parse_bytes(value: &str) -> Result<u64, QuantityError> {
         "P" => 1_000_000_000_000_000,
         s if s.starts_with(['e', 'E']) && s.len() > 1 && s[1..].chars().all(|c| c.is_ascii_digit()) => {
             let exp: u32 = s[1..].parse().map_err(|_| malformed())?;
-            10u128.checked_pow(exp).ok_or_else(|| QuantityError::Overflow { value: value.to_string() })?
+            10u128.checked_pow(exp).ok_or_else(|| QuantityError::Overflow {
+                value: value.to_string(),
+            })?
         }
-        s => return Err(QuantityError::UnknownSuffix { value: value.to_string(), suffix: s.to_string() }),
+        s => {
+            return Err(QuantityError::UnknownSuffix {
+                value: value.to_string(),
+                suffix: s.to_string(),
+            });
+        }
     };
     let (whole, fraction) = number.split_once('.').unwrap_or((number, ""));
-    let overflow = || QuantityError::Overflow { value: value.to_string() };
+    let overflow = || QuantityError::Overflow {
+        value: value.to_string(),
+    };
     let whole: u128 = whole.parse().map_err(|_| overflow())?;
     let mut bytes = whole.checked_mul(multiplier).ok_or_else(overflow)?;
     if !fraction.is_empty() {
@@ -56,7 +74,9 @@ pub fn parse_bytes(value: &str) -> Result<u64, QuantityError> {
         let frac: u128 = fraction.parse().map_err(|_| malformed())?;
         let scaled = frac.checked_mul(multiplier).ok_or_else(overflow)?;
         if scaled % scale != 0 {
-            return Err(QuantityError::Fractional { value: value.to_string() });
+            return Err(QuantityError::Fractional {
+                value: value.to_string(),
+            });
         }
         bytes = bytes.checked_add(scaled / scale).ok_or_else(overflow)?;
     }
@@ -65,8 +85,13 @@ pub fn parse_bytes(value: &str) -> Result<u64, QuantityError> {
 
 /// Formats bytes the way an operator reads them: the largest binary unit that divides evenly.
 pub fn format_bytes(bytes: u64) -> String {
-    const UNITS: [(&str, u64); 5] =
-        [("Pi", 1 << 50), ("Ti", 1 << 40), ("Gi", 1 << 30), ("Mi", 1 << 20), ("Ki", 1 << 10)];
+    const UNITS: [(&str, u64); 5] = [
+        ("Pi", 1 << 50),
+        ("Ti", 1 << 40),
+        ("Gi", 1 << 30),
+        ("Mi", 1 << 20),
+        ("Ki", 1 << 10),
+    ];
     for (suffix, size) in UNITS {
         if bytes >= size && bytes % size == 0 {
             return format!("{}{suffix}", bytes / size);
@@ -100,14 +125,35 @@ mod tests {
     #[test]
     fn rejects_what_is_not_a_memory_size() {
         assert!(matches!(parse_bytes(""), Err(QuantityError::Malformed { .. })));
-        assert!(matches!(parse_bytes("-4Gi"), Err(QuantityError::Malformed { .. })));
+        assert!(matches!(
+            parse_bytes("-4Gi"),
+            Err(QuantityError::Malformed { .. })
+        ));
         assert!(matches!(parse_bytes("Gi"), Err(QuantityError::Malformed { .. })));
-        assert!(matches!(parse_bytes("4.Gi"), Err(QuantityError::Malformed { .. })));
-        assert!(matches!(parse_bytes("1.2.3Gi"), Err(QuantityError::Malformed { .. })));
-        assert!(matches!(parse_bytes("4GB"), Err(QuantityError::UnknownSuffix { .. })));
-        assert!(matches!(parse_bytes("500m"), Err(QuantityError::UnknownSuffix { .. })));
-        assert!(matches!(parse_bytes("1.5"), Err(QuantityError::Fractional { .. })));
-        assert!(matches!(parse_bytes("99999999Pi"), Err(QuantityError::Overflow { .. })));
+        assert!(matches!(
+            parse_bytes("4.Gi"),
+            Err(QuantityError::Malformed { .. })
+        ));
+        assert!(matches!(
+            parse_bytes("1.2.3Gi"),
+            Err(QuantityError::Malformed { .. })
+        ));
+        assert!(matches!(
+            parse_bytes("4GB"),
+            Err(QuantityError::UnknownSuffix { .. })
+        ));
+        assert!(matches!(
+            parse_bytes("500m"),
+            Err(QuantityError::UnknownSuffix { .. })
+        ));
+        assert!(matches!(
+            parse_bytes("1.5"),
+            Err(QuantityError::Fractional { .. })
+        ));
+        assert!(matches!(
+            parse_bytes("99999999Pi"),
+            Err(QuantityError::Overflow { .. })
+        ));
     }
 
     #[test]

@@ -1,1 +1,251 @@
-fn main() {}
+//! gpu-mps-hook: the OCI hook gpu-mps-shim installs in GPU containers.
+//!
+//! createRuntime: lease the container's MPS daemon from gpu-mps-manager (the manager starts it
+//! on demand and sets the pod's limits on its server). A refusal fails the container create
+//! with ONE line on stderr, which runc passes up to containerd and the CRI caller.
+//! poststop: release the lease. Never fails: a delete must go through, and the manager drops
+//! leases of dead containers on its own.
+
+use std::io::Read;
+use std::path::PathBuf;
+use std::process::ExitCode;
+use std::time::Duration;
+
+use clap::{Parser, Subcommand};
+use gpu_mps_api::client::{ClientError, ManagerConnection};
+use gpu_mps_api::proto;
+use thiserror::Error;
+
+/// gpu-mps-hook: leases an MPS daemon from gpu-mps-manager for a container (createRuntime)
+/// and releases it (poststop). runc runs it with the container's OCI state on stdin; gpu-mps-shim
+/// writes its arguments into the container's config.json. Not meant to be run by hand.
+#[derive(Debug, Parser)]
+#[command(version, about, long_about)]
+struct Args {
+    #[command(subcommand)]
+    stage: Stage,
+}
+
+#[derive(Debug, Subcommand)]
+enum Stage {
+    /// Acquire the lease (OCI createRuntime hook).
+    CreateRuntime {
+        #[command(flatten)]
+        common: Common,
+        /// GPU UUIDs, comma separated.
+        #[arg(long, value_delimiter = ',', required = true)]
+        gpus: Vec<String>,
+        #[arg(long)]
+        memory_limit_bytes: u64,
+        #[arg(long)]
+        active_thread_percentage: u32,
+        #[arg(long, default_value = "")]
+        namespace: String,
+        #[arg(long, default_value = "")]
+        pod: String,
+        #[arg(long, default_value = "")]
+        container_name: String,
+    },
+    /// Release the lease (OCI poststop hook).
+    Poststop {
+        #[command(flatten)]
+        common: Common,
+    },
+}
+
+#[derive(Debug, clap::Args)]
+struct Common {
+    /// The manager's socket.
+    #[arg(long, default_value = "/run/gpu-mps/manager.sock")]
+    socket: PathBuf,
+    /// Upper bound for reaching the manager and getting its answer.
+    #[arg(long, default_value_t = 10)]
+    timeout_seconds: u64,
+}
+
+#[derive(Debug, Error)]
+enum HookError {
+    #[error("reading the OCI state from stdin: {0}")]
+    Stdin(std::io::Error),
+    #[error("the OCI state on stdin is not valid: {0}")]
+    State(String),
+    #[error("{0}")]
+    Manager(#[from] ClientError),
+}
+
+/// The fields of the OCI state runc passes to hooks that the hook needs.
+#[derive(Debug, PartialEq)]
+struct ContainerState {
+    id: String,
+    pid: u32,
+    bundle: String,
+}
+
+fn parse_state(text: &str) -> Result<ContainerState, HookError> {
+    let v: serde_json::Value = serde_json::from_str(text).map_err(|e| HookError::State(e.to_string()))?;
+    let id = v.get("id").and_then(|x| x.as_str()).filter(|s| !s.is_empty());
+    let Some(id) = id else {
+        return Err(HookError::State("no container id".into()));
+    };
+    Ok(ContainerState {
+        id: id.to_string(),
+        pid: v.get("pid").and_then(|x| x.as_u64()).unwrap_or(0) as u32,
+        bundle: v.get("bundle").and_then(|x| x.as_str()).unwrap_or("").to_string(),
+    })
+}
+
+fn read_state() -> Result<ContainerState, HookError> {
+    let mut text = String::new();
+    std::io::stdin()
+        .read_to_string(&mut text)
+        .map_err(HookError::Stdin)?;
+    parse_state(&text)
+}
+
+fn run(args: Args) -> Result<(), HookError> {
+    match args.stage {
+        Stage::CreateRuntime {
+            common,
+            gpus,
+            memory_limit_bytes,
+            active_thread_percentage,
+            namespace,
+            pod,
+            container_name,
+        } => {
+            let state = read_state()?;
+            let mut req = proto::AcquireRequest::new();
+            req.container_id = state.id;
+            req.pid = state.pid;
+            req.bundle = state.bundle;
+            req.gpu_uuids = gpus;
+            req.memory_limit_bytes = memory_limit_bytes;
+            req.active_thread_percentage = active_thread_percentage;
+            req.namespace = namespace;
+            req.pod = pod;
+            req.container_name = container_name;
+            let conn =
+                ManagerConnection::connect(&common.socket, Duration::from_secs(common.timeout_seconds))?;
+            conn.acquire(&req)?;
+            Ok(())
+        }
+        Stage::Poststop { common } => {
+            let state = read_state()?;
+            let conn =
+                ManagerConnection::connect(&common.socket, Duration::from_secs(common.timeout_seconds))?;
+            conn.release(&state.id)?;
+            Ok(())
+        }
+    }
+}
+
+fn main() -> ExitCode {
+    let args = Args::parse();
+    let poststop = matches!(args.stage, Stage::Poststop { .. });
+    match run(args) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) if poststop => {
+            eprintln!(
+                "gpu-mps: warning: releasing the lease failed: {e} (the manager drops it once the container is gone)"
+            );
+            ExitCode::SUCCESS
+        }
+        Err(e) => {
+            eprintln!("gpu-mps: {e}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use gpu_mps_api::Limits;
+    use gpu_mps_api::hook_invocation::{AcquireArgs, release_hook_args};
+
+    use super::*;
+
+    #[test]
+    fn parses_the_args_the_shim_writes() {
+        let args = AcquireArgs {
+            socket: "/run/x/manager.sock".into(),
+            timeout_seconds: 7,
+            gpu_uuids: vec!["GPU-a".into(), "GPU-b".into()],
+            limits: Limits {
+                memory_bytes: 4 << 30,
+                thread_percentage: 25,
+            },
+            namespace: "team".into(),
+            pod: "p".into(),
+            container_name: "c".into(),
+        };
+        let parsed = Args::try_parse_from(args.to_hook_args()).unwrap();
+        match parsed.stage {
+            Stage::CreateRuntime {
+                common,
+                gpus,
+                memory_limit_bytes,
+                active_thread_percentage,
+                namespace,
+                ..
+            } => {
+                assert_eq!(common.socket, PathBuf::from("/run/x/manager.sock"));
+                assert_eq!(common.timeout_seconds, 7);
+                assert_eq!(gpus, ["GPU-a", "GPU-b"]);
+                assert_eq!(memory_limit_bytes, 4 << 30);
+                assert_eq!(active_thread_percentage, 25);
+                assert_eq!(namespace, "team");
+            }
+            other => panic!("{other:?}"),
+        }
+        let parsed = Args::try_parse_from(release_hook_args("/run/x/manager.sock", 3)).unwrap();
+        assert!(matches!(parsed.stage, Stage::Poststop { .. }));
+    }
+
+    #[test]
+    fn empty_ctr_fields_parse() {
+        let args = AcquireArgs {
+            socket: "/s".into(),
+            timeout_seconds: 1,
+            gpu_uuids: vec!["GPU-a".into()],
+            limits: Limits {
+                memory_bytes: 1 << 30,
+                thread_percentage: 5,
+            },
+            namespace: String::new(),
+            pod: String::new(),
+            container_name: String::new(),
+        };
+        assert!(Args::try_parse_from(args.to_hook_args()).is_ok());
+    }
+
+    #[test]
+    fn reads_the_oci_state() {
+        let s = parse_state(r#"{"ociVersion":"1.0.2","id":"abc","status":"creating","pid":42,"bundle":"/b","annotations":{}}"#)
+            .unwrap();
+        assert_eq!(
+            s,
+            ContainerState {
+                id: "abc".into(),
+                pid: 42,
+                bundle: "/b".into()
+            }
+        );
+        assert!(parse_state("{}").is_err());
+        assert!(parse_state("nope").is_err());
+    }
+
+    #[test]
+    fn an_unreachable_manager_fails_within_the_budget() {
+        let dir = tempfile::tempdir().unwrap();
+        let start = std::time::Instant::now();
+        let err = ManagerConnection::connect(&dir.path().join("none.sock"), Duration::from_secs(1))
+            .err()
+            .unwrap();
+        assert!(start.elapsed() < Duration::from_secs(3));
+        let msg = err.to_string();
+        assert!(
+            msg.contains("cannot reach gpu-mps-manager") && msg.contains("none.sock"),
+            "{msg}"
+        );
+    }
+}

@@ -1,1 +1,13 @@
-//! gpu-mps-manager library.
+//! gpu-mps-manager: the node daemon that runs one MPS control daemon per GPU set, enforces
+//! each pod's limits on the MPS server, and accounts capacity. Also the `gpu-mps` CLI.
+
+pub mod admission;
+pub mod compute_mode;
+pub mod core;
+pub mod gpu_backend;
+pub mod lease;
+pub mod mps_control;
+pub mod process_identity;
+pub mod server;
+pub mod state;
+pub mod status_view;

@@ -1,0 +1,420 @@
+//! Whether a container may have a lease on its GPUs: the limit policy, the tenancy and the
+//! capacity check. Pure: it looks at the inventory and the live leases and decides.
+
+use gpu_mps_api::inventory::GpuInfo;
+use gpu_mps_api::node_config::{LimitPolicy, NodeConfig, Tenancy};
+use gpu_mps_api::quantity::format_bytes;
+use gpu_mps_api::{DaemonKey, Limits};
+use thiserror::Error;
+
+use crate::lease::LeaseRecord;
+
+/// The part of the node config admission depends on.
+#[derive(Debug, Clone, PartialEq)]
+pub struct AdmissionPolicy {
+    pub policy: LimitPolicy,
+    pub tenancy: Tenancy,
+    pub ceiling: Option<Limits>,
+    pub overcommit: f64,
+    pub max_clients_per_gpu: u32,
+    pub allow_overlapping_gpu_sets: bool,
+}
+
+impl From<&NodeConfig> for AdmissionPolicy {
+    fn from(c: &NodeConfig) -> Self {
+        AdmissionPolicy {
+            policy: c.policy,
+            tenancy: c.tenancy,
+            ceiling: c.ceiling,
+            overcommit: c.overcommit,
+            max_clients_per_gpu: c.max_clients_per_gpu,
+            allow_overlapping_gpu_sets: c.allow_overlapping_gpu_sets,
+        }
+    }
+}
+
+/// What a container asks for.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct LeaseRequest {
+    pub key: DaemonKey,
+    pub limits: Limits,
+    pub namespace: String,
+}
+
+/// Why a lease is refused. Each message is one line a user sees in `kubectl describe pod`.
+#[derive(Debug, Clone, Error, PartialEq)]
+pub enum Refusal {
+    #[error("GPU {0} is not in gpu-mps-manager's inventory of this node")]
+    UnknownGpu(String),
+    #[error("GPU {0} has MIG enabled; gpu-mps does not run MPS on MIG-enabled GPUs")]
+    MigEnabled(String),
+    #[error(
+        "GPU {gpu} serves limit class {current} ({leases} container(s)) under policy uniform; this container asks {requested}: it starts once that class has left the GPU (or ask for {current})"
+    )]
+    ClassBusy {
+        gpu: String,
+        current: Limits,
+        leases: usize,
+        requested: Limits,
+    },
+    #[error(
+        "this container asks {requested}, above the node ceiling {ceiling} of policy ceiling (limits.ceiling_* in the gpu-mps node config)"
+    )]
+    AboveCeiling { requested: Limits, ceiling: Limits },
+    #[error(
+        "GPU {gpu} is in use by namespace {holder:?} and tenancy is exclusive; namespace {requested:?} can use it once it is free"
+    )]
+    TenantBusy {
+        gpu: String,
+        holder: String,
+        requested: String,
+    },
+    #[error(
+        "GPUs {requested} would add a second MPS server on GPU {gpu}, which daemon {other} already serves (servers on one GPU time-slice); wait for it to go idle, or set limits.allow_overlapping_gpu_sets = true"
+    )]
+    OverlappingGpuSet {
+        requested: DaemonKey,
+        gpu: String,
+        other: DaemonKey,
+    },
+    #[error(
+        "GPU {gpu} has {reserved} of {capacity} memory reserved by {leases} container(s); this container asks {requested} more (capacity = GPU memory x overcommit {overcommit})"
+    )]
+    MemoryCapacity {
+        gpu: String,
+        reserved: String,
+        capacity: String,
+        leases: usize,
+        requested: String,
+        overcommit: f64,
+    },
+    #[error(
+        "GPU {gpu} already serves {max} containers, the most allowed per GPU (limits.max_clients_per_gpu)"
+    )]
+    ClientCapacity { gpu: String, max: u32 },
+}
+
+impl Refusal {
+    /// The ttrpc status code the hook and the CLI get.
+    pub fn code(&self) -> ttrpc::Code {
+        match self {
+            Refusal::UnknownGpu(_) | Refusal::MigEnabled(_) | Refusal::AboveCeiling { .. } => {
+                ttrpc::Code::INVALID_ARGUMENT
+            }
+            Refusal::ClassBusy { .. } | Refusal::TenantBusy { .. } | Refusal::OverlappingGpuSet { .. } => {
+                ttrpc::Code::FAILED_PRECONDITION
+            }
+            Refusal::MemoryCapacity { .. } | Refusal::ClientCapacity { .. } => {
+                ttrpc::Code::RESOURCE_EXHAUSTED
+            }
+        }
+    }
+}
+
+/// Decides a lease request against the live leases. Returns the limits the daemon's server
+/// must enforce for it: the container's own under `uniform`, the node ceiling under `ceiling`.
+pub fn admit<'a>(
+    gpus: &[GpuInfo],
+    leases: impl IntoIterator<Item = &'a LeaseRecord> + Clone,
+    request: &LeaseRequest,
+    policy: &AdmissionPolicy,
+) -> Result<Limits, Refusal> {
+    let mut targets = Vec::new();
+    for uuid in request.key.gpu_uuids() {
+        let gpu = gpus
+            .iter()
+            .find(|g| &g.uuid == uuid)
+            .ok_or_else(|| Refusal::UnknownGpu(uuid.clone()))?;
+        if gpu.mig_enabled {
+            return Err(Refusal::MigEnabled(uuid.clone()));
+        }
+        targets.push(gpu);
+    }
+
+    let server_limits = match policy.policy {
+        LimitPolicy::Uniform => {
+            let same_daemon: Vec<&LeaseRecord> = leases
+                .clone()
+                .into_iter()
+                .filter(|l| l.key == request.key)
+                .collect();
+            if let Some(other) = same_daemon.iter().find(|l| l.limits != request.limits) {
+                return Err(Refusal::ClassBusy {
+                    gpu: request.key.to_string(),
+                    current: other.limits,
+                    leases: same_daemon.len(),
+                    requested: request.limits,
+                });
+            }
+            request.limits
+        }
+        LimitPolicy::Ceiling => {
+            // NodeConfig refuses policy = ceiling without a ceiling; a default keeps this total.
+            let ceiling = policy.ceiling.unwrap_or(Limits {
+                memory_bytes: u64::MAX,
+                thread_percentage: 100,
+            });
+            if request.limits.memory_bytes > ceiling.memory_bytes
+                || request.limits.thread_percentage > ceiling.thread_percentage
+            {
+                return Err(Refusal::AboveCeiling {
+                    requested: request.limits,
+                    ceiling,
+                });
+            }
+            ceiling
+        }
+    };
+
+    for gpu in targets {
+        let on_gpu: Vec<&LeaseRecord> = leases
+            .clone()
+            .into_iter()
+            .filter(|l| l.key.contains(&gpu.uuid))
+            .collect();
+        if !policy.allow_overlapping_gpu_sets {
+            if let Some(other) = on_gpu.iter().find(|l| l.key != request.key) {
+                return Err(Refusal::OverlappingGpuSet {
+                    requested: request.key.clone(),
+                    gpu: gpu.uuid.clone(),
+                    other: other.key.clone(),
+                });
+            }
+        }
+        if policy.tenancy == Tenancy::Exclusive {
+            if let Some(other) = on_gpu.iter().find(|l| l.namespace != request.namespace) {
+                return Err(Refusal::TenantBusy {
+                    gpu: gpu.uuid.clone(),
+                    holder: other.namespace.clone(),
+                    requested: request.namespace.clone(),
+                });
+            }
+        }
+        if on_gpu.len() >= policy.max_clients_per_gpu as usize {
+            return Err(Refusal::ClientCapacity {
+                gpu: gpu.uuid.clone(),
+                max: policy.max_clients_per_gpu,
+            });
+        }
+        let capacity = memory_capacity(gpu.memory_bytes, policy.overcommit);
+        let reserved: u64 = on_gpu.iter().map(|l| l.limits.effective_memory_bytes()).sum();
+        if reserved.saturating_add(request.limits.effective_memory_bytes()) > capacity {
+            return Err(Refusal::MemoryCapacity {
+                gpu: gpu.uuid.clone(),
+                reserved: format_bytes(reserved),
+                capacity: format_bytes(capacity),
+                leases: on_gpu.len(),
+                requested: format_bytes(request.limits.effective_memory_bytes()),
+                overcommit: policy.overcommit,
+            });
+        }
+    }
+    Ok(server_limits)
+}
+
+/// GPU memory x overcommit, in whole MiB (the unit limits are applied in).
+pub fn memory_capacity(gpu_memory_bytes: u64, overcommit: f64) -> u64 {
+    let mib = (gpu_memory_bytes >> 20) as f64 * overcommit;
+    (mib.floor() as u64) << 20
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const GIB: u64 = 1 << 30;
+
+    fn gpu(index: u32) -> GpuInfo {
+        GpuInfo {
+            index,
+            uuid: format!("GPU-{index}"),
+            name: "test".into(),
+            memory_bytes: 16 * GIB,
+            compute_mode: "Default".into(),
+            mig_enabled: false,
+        }
+    }
+
+    fn limits(gib: u64, pct: u8) -> Limits {
+        Limits {
+            memory_bytes: gib * GIB,
+            thread_percentage: pct,
+        }
+    }
+
+    fn lease(id: &str, gpus: &[&str], l: Limits, ns: &str) -> LeaseRecord {
+        LeaseRecord::for_test(id, DaemonKey::new(gpus.iter().copied()), l, ns)
+    }
+
+    fn request(gpus: &[&str], l: Limits, ns: &str) -> LeaseRequest {
+        LeaseRequest {
+            key: DaemonKey::new(gpus.iter().copied()),
+            limits: l,
+            namespace: ns.into(),
+        }
+    }
+
+    fn policy(p: LimitPolicy) -> AdmissionPolicy {
+        AdmissionPolicy {
+            policy: p,
+            tenancy: Tenancy::Shared,
+            ceiling: Some(limits(8, 50)),
+            overcommit: 1.0,
+            max_clients_per_gpu: 48,
+            allow_overlapping_gpu_sets: false,
+        }
+    }
+
+    #[test]
+    fn uniform_admits_the_same_class_and_refuses_another() {
+        let gpus = [gpu(0)];
+        let leases = [lease("a", &["GPU-0"], limits(4, 25), "ns")];
+        let p = policy(LimitPolicy::Uniform);
+        assert_eq!(
+            admit(&gpus, &leases, &request(&["GPU-0"], limits(4, 25), "ns"), &p),
+            Ok(limits(4, 25))
+        );
+        let refusal = admit(&gpus, &leases, &request(&["GPU-0"], limits(8, 50), "ns"), &p).unwrap_err();
+        assert_eq!(refusal.code(), ttrpc::Code::FAILED_PRECONDITION);
+        let msg = refusal.to_string();
+        assert!(
+            msg.contains("GPU-0") && msg.contains("4Gi/25%") && msg.contains("8Gi/50%"),
+            "{msg}"
+        );
+        // Once the GPU is free, any class may take it.
+        assert_eq!(
+            admit(&gpus, &[], &request(&["GPU-0"], limits(8, 50), "ns"), &p),
+            Ok(limits(8, 50))
+        );
+    }
+
+    #[test]
+    fn ceiling_mixes_sizes_under_the_ceiling() {
+        let gpus = [gpu(0)];
+        let leases = [lease("a", &["GPU-0"], limits(4, 25), "ns")];
+        let p = policy(LimitPolicy::Ceiling);
+        assert_eq!(
+            admit(&gpus, &leases, &request(&["GPU-0"], limits(8, 50), "ns"), &p),
+            Ok(limits(8, 50))
+        );
+        let refusal = admit(&gpus, &leases, &request(&["GPU-0"], limits(8, 75), "ns"), &p).unwrap_err();
+        assert!(matches!(refusal, Refusal::AboveCeiling { .. }));
+        assert_eq!(refusal.code(), ttrpc::Code::INVALID_ARGUMENT);
+    }
+
+    #[test]
+    fn exclusive_tenancy_keeps_one_namespace_per_gpu() {
+        let gpus = [gpu(0), gpu(1)];
+        let leases = [lease("a", &["GPU-0"], limits(4, 25), "team-a")];
+        let mut p = policy(LimitPolicy::Uniform);
+        p.tenancy = Tenancy::Exclusive;
+        let refusal = admit(&gpus, &leases, &request(&["GPU-0"], limits(4, 25), "team-b"), &p).unwrap_err();
+        assert!(refusal.to_string().contains("\"team-a\""), "{refusal}");
+        assert!(admit(&gpus, &leases, &request(&["GPU-1"], limits(4, 25), "team-b"), &p).is_ok());
+        assert!(admit(&gpus, &leases, &request(&["GPU-0"], limits(4, 25), "team-a"), &p).is_ok());
+        p.tenancy = Tenancy::Shared;
+        assert!(admit(&gpus, &leases, &request(&["GPU-0"], limits(4, 25), "team-b"), &p).is_ok());
+    }
+
+    #[test]
+    fn memory_capacity_counts_every_lease_on_the_gpu() {
+        let gpus = [gpu(0)];
+        let leases = [
+            lease("a", &["GPU-0"], limits(8, 50), "ns"),
+            lease("b", &["GPU-0"], limits(4, 50), "ns"),
+        ];
+        let p = policy(LimitPolicy::Ceiling);
+        assert!(admit(&gpus, &leases, &request(&["GPU-0"], limits(4, 50), "ns"), &p).is_ok());
+        let refusal = admit(&gpus, &leases, &request(&["GPU-0"], limits(5, 50), "ns"), &p).unwrap_err();
+        assert_eq!(refusal.code(), ttrpc::Code::RESOURCE_EXHAUSTED);
+        let msg = refusal.to_string();
+        assert!(msg.contains("12Gi of 16Gi") && msg.contains("5Gi"), "{msg}");
+        let mut generous = p.clone();
+        generous.overcommit = 1.5;
+        assert!(
+            admit(
+                &gpus,
+                &leases,
+                &request(&["GPU-0"], limits(5, 50), "ns"),
+                &generous
+            )
+            .is_ok()
+        );
+    }
+
+    #[test]
+    fn at_most_max_clients() {
+        let gpus = [gpu(0)];
+        let l = Limits {
+            memory_bytes: 64 << 20,
+            thread_percentage: 2,
+        };
+        let leases: Vec<_> = (0..48)
+            .map(|i| lease(&format!("c{i}"), &["GPU-0"], l, "ns"))
+            .collect();
+        let refusal = admit(
+            &gpus,
+            &leases,
+            &request(&["GPU-0"], l, "ns"),
+            &policy(LimitPolicy::Uniform),
+        )
+        .unwrap_err();
+        assert!(matches!(refusal, Refusal::ClientCapacity { max: 48, .. }));
+        assert!(
+            admit(
+                &gpus,
+                &leases[..47],
+                &request(&["GPU-0"], l, "ns"),
+                &policy(LimitPolicy::Uniform)
+            )
+            .is_ok()
+        );
+    }
+
+    #[test]
+    fn overlapping_gpu_sets_are_refused_unless_allowed() {
+        let gpus = [gpu(0), gpu(1)];
+        let leases = [lease("a", &["GPU-0"], limits(4, 25), "ns")];
+        let mut p = policy(LimitPolicy::Uniform);
+        let refusal = admit(
+            &gpus,
+            &leases,
+            &request(&["GPU-0", "GPU-1"], limits(4, 25), "ns"),
+            &p,
+        )
+        .unwrap_err();
+        assert!(matches!(refusal, Refusal::OverlappingGpuSet { .. }), "{refusal}");
+        p.allow_overlapping_gpu_sets = true;
+        assert!(
+            admit(
+                &gpus,
+                &leases,
+                &request(&["GPU-0", "GPU-1"], limits(4, 25), "ns"),
+                &p
+            )
+            .is_ok()
+        );
+    }
+
+    #[test]
+    fn unknown_and_mig_gpus_are_refused() {
+        let mut g = gpu(0);
+        let p = policy(LimitPolicy::Uniform);
+        assert!(matches!(
+            admit(&[g.clone()], &[], &request(&["GPU-9"], limits(4, 25), "ns"), &p),
+            Err(Refusal::UnknownGpu(_))
+        ));
+        g.mig_enabled = true;
+        assert!(matches!(
+            admit(&[g], &[], &request(&["GPU-0"], limits(4, 25), "ns"), &p),
+            Err(Refusal::MigEnabled(_))
+        ));
+    }
+
+    #[test]
+    fn capacity_is_whole_mib() {
+        assert_eq!(memory_capacity(16 * GIB, 1.0), 16 * GIB);
+        assert_eq!(memory_capacity(16 * GIB, 1.5), 24 * GIB);
+        assert_eq!(memory_capacity(143_771 << 20, 1.0), 143_771 << 20);
+    }
+}

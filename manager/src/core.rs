@@ -1,0 +1,556 @@
+//! The manager's behaviour: leases, daemons, limits, idle shutdown and restart adoption.
+//! Side effects go through `MpsControl` and `GpuBackend`, so this is tested without a GPU.
+
+use std::path::Path;
+use std::sync::Arc;
+use std::time::{SystemTime, UNIX_EPOCH};
+
+use gpu_mps_api::inventory::Inventory;
+use gpu_mps_api::node_config::NodeConfig;
+use gpu_mps_api::proto;
+use gpu_mps_api::{DaemonKey, Limits};
+use thiserror::Error;
+use tokio::sync::Mutex;
+use tracing::{error, info, warn};
+
+use crate::admission::{self, AdmissionPolicy, LeaseRequest, Refusal};
+use crate::compute_mode;
+use crate::gpu_backend::{GpuBackend, GpuBackendError};
+use crate::lease::LeaseRecord;
+use crate::mps_control::{self, ControlError, MpsControl};
+use crate::process_identity::ProcessIdentity;
+use crate::state::{DaemonRecord, State, StateError, write_atomically};
+
+#[derive(Debug, Error)]
+pub enum ManagerError {
+    #[error("{0}")]
+    Refused(#[from] Refusal),
+    #[error("invalid request: {0}")]
+    InvalidRequest(String),
+    #[error("{0}")]
+    Control(#[from] ControlError),
+    #[error("{0}")]
+    State(#[from] StateError),
+    #[error("{0}")]
+    Gpu(#[from] GpuBackendError),
+    #[error("{0}")]
+    ComputeMode(#[from] compute_mode::EnforceError),
+    #[error("{context}: {source}")]
+    Io { context: String, source: std::io::Error },
+}
+
+impl ManagerError {
+    pub fn code(&self) -> ttrpc::Code {
+        match self {
+            ManagerError::Refused(r) => r.code(),
+            ManagerError::InvalidRequest(_) => ttrpc::Code::INVALID_ARGUMENT,
+            ManagerError::Control(_) => ttrpc::Code::UNAVAILABLE,
+            _ => ttrpc::Code::INTERNAL,
+        }
+    }
+}
+
+fn io_err(context: impl Into<String>) -> impl FnOnce(std::io::Error) -> ManagerError {
+    let context = context.into();
+    move |source| ManagerError::Io { context, source }
+}
+
+pub fn now_unix() -> i64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map(|d| d.as_secs() as i64)
+        .unwrap_or(0)
+}
+
+struct Inner {
+    state: State,
+    inventory: Inventory,
+}
+
+pub struct ManagerCore {
+    config: NodeConfig,
+    policy: AdmissionPolicy,
+    control: Arc<dyn MpsControl>,
+    backend: Arc<dyn GpuBackend>,
+    inner: Mutex<Inner>,
+}
+
+impl ManagerCore {
+    /// Starts the manager's logic: takes the inventory, publishes it for the shim, loads the
+    /// state of a previous run and adopts what still lives, and sets EXCLUSIVE_PROCESS if
+    /// configured. Never touches a running client.
+    pub async fn start(
+        config: NodeConfig,
+        control: Arc<dyn MpsControl>,
+        backend: Arc<dyn GpuBackend>,
+    ) -> Result<Self, ManagerError> {
+        make_dir(&config.root, 0o755)?;
+        make_dir(&config.root.join("daemons"), 0o755)?;
+        let inventory = backend.inventory()?;
+        for g in &inventory.gpus {
+            info!(index = g.index, uuid = %g.uuid, name = %g.name, memory = g.memory_bytes, compute_mode = %g.compute_mode, mig = g.mig_enabled, "GPU");
+        }
+        if inventory.gpus.is_empty() {
+            warn!(source = %inventory.source, "no GPU found: every lease will be refused");
+        }
+        let text = serde_json::to_vec_pretty(&inventory).expect("inventory serializes");
+        write_atomically(&config.inventory_path(), &text, 0o644)
+            .map_err(io_err(format!("writing {}", config.inventory_path().display())))?;
+
+        let mut state = State::load(&config.state_path())?;
+        adopt(&mut state, control.as_ref()).await;
+        if config.exclusive_process {
+            let changed = compute_mode::enforce_exclusive_process(
+                backend.as_ref(),
+                &inventory.gpus,
+                &mut state.saved_compute_modes,
+            )?;
+            for uuid in changed {
+                info!(gpu = %uuid, "compute mode set to EXCLUSIVE_PROCESS");
+            }
+        } else if !state.saved_compute_modes.is_empty() {
+            // Exclusive mode was switched off in the config since the last run: give the
+            // operator's modes back now that nothing asks for it.
+            for (uuid, e) in
+                compute_mode::restore_compute_modes(backend.as_ref(), &mut state.saved_compute_modes)
+            {
+                error!(gpu = %uuid, error = %e, "cannot restore the compute mode");
+            }
+        }
+        state.save(&config.state_path())?;
+        let policy = AdmissionPolicy::from(&config);
+        Ok(ManagerCore {
+            config,
+            policy,
+            control,
+            backend,
+            inner: Mutex::new(Inner { state, inventory }),
+        })
+    }
+
+    pub fn config(&self) -> &NodeConfig {
+        &self.config
+    }
+
+    /// Leases the container's daemon: admission, daemon start on demand, limits set and read
+    /// back, lease recorded. Idempotent per container id.
+    pub async fn acquire(&self, req: proto::AcquireRequest) -> Result<proto::AcquireResponse, ManagerError> {
+        let request = validate(&req)?;
+        let mut inner = self.inner.lock().await;
+        if let Some(existing) = inner.state.leases.get(&req.container_id) {
+            if existing.key == request.key && existing.limits == request.limits {
+                let response = self.response_for(&inner, existing);
+                return Ok(response);
+            }
+            return Err(ManagerError::InvalidRequest(format!(
+                "container {} already holds a lease on {} with {}",
+                req.container_id, existing.key, existing.limits
+            )));
+        }
+        let live: Vec<&LeaseRecord> = inner.state.leases.values().collect();
+        let server_limits = admission::admit(&inner.inventory.gpus, live.iter().copied(), &request, &self.policy)
+            .inspect_err(|refusal| {
+                warn!(container = %req.container_id, namespace = %req.namespace, pod = %req.pod, gpus = %request.key, limits = %request.limits, %refusal, "lease refused")
+            })?;
+        let dir = request.key.dir_name();
+        self.ensure_daemon(&mut inner, &request.key, server_limits)
+            .await?;
+
+        let lease = LeaseRecord {
+            container_id: req.container_id.clone(),
+            key: request.key.clone(),
+            limits: request.limits,
+            namespace: req.namespace.clone(),
+            pod: req.pod.clone(),
+            container_name: req.container_name.clone(),
+            bundle: req.bundle.clone(),
+            process: ProcessIdentity::of(req.pid),
+            acquired_unix: now_unix(),
+        };
+        if req.pid != 0 && lease.process.is_none() {
+            warn!(container = %req.container_id, pid = req.pid, "container process not found; the lease is kept until released");
+        }
+        if let Some(d) = inner.state.daemons.get_mut(&dir) {
+            d.idle_since_unix = None;
+        }
+        inner.state.leases.insert(req.container_id.clone(), lease.clone());
+        inner.state.save(&self.config.state_path())?;
+        info!(container = %req.container_id, namespace = %req.namespace, pod = %req.pod, gpus = %request.key, limits = %request.limits, server_limits = %server_limits, "lease acquired");
+        Ok(self.response_for(&inner, &lease))
+    }
+
+    /// Starts the daemon if needed and makes its servers enforce `limits`.
+    async fn ensure_daemon(
+        &self,
+        inner: &mut Inner,
+        key: &DaemonKey,
+        limits: Limits,
+    ) -> Result<(), ManagerError> {
+        let dir = key.dir_name();
+        let pipe_dir = self.config.pipe_dir(key);
+        let log_dir = self.config.log_dir(key);
+        let alive = inner
+            .state
+            .daemons
+            .get(&dir)
+            .is_some_and(|d| d.control.is_alive());
+        if !alive {
+            if let Some(dead) = inner.state.daemons.remove(&dir) {
+                warn!(daemon = %key, pid = dead.control.pid, "MPS control daemon is gone; starting a new one");
+            }
+            make_dir(&self.config.daemon_dir(key), 0o755)?;
+            make_dir(&pipe_dir, 0o755)?;
+            make_dir(&log_dir, 0o755)?;
+            // A daemon the state does not know (state file lost, manager crashed mid-start)
+            // still owns its pipe dir: adopt it rather than start a second one.
+            let orphan = mps_control::read_pid_file(&pipe_dir)
+                .and_then(ProcessIdentity::of)
+                .filter(|p| p.is_alive());
+            let control = match orphan {
+                Some(identity) if self.control.command(&pipe_dir, "get_server_list").await.is_ok() => {
+                    warn!(daemon = %key, pid = identity.pid, "adopting an MPS control daemon missing from the state");
+                    identity
+                }
+                _ => {
+                    remove_stale_daemon_files(&pipe_dir);
+                    let started = std::time::Instant::now();
+                    let pid = self.control.start_daemon(key, &pipe_dir, &log_dir).await?;
+                    let identity = ProcessIdentity::of(pid).ok_or_else(|| ControlError::StartFailed {
+                        key: key.to_string(),
+                        reason: format!("daemon pid {pid} exited right after start"),
+                    })?;
+                    info!(daemon = %key, pid, pipe_dir = %pipe_dir.display(), elapsed_ms = started.elapsed().as_millis() as u64, "MPS control daemon started");
+                    identity
+                }
+            };
+            inner.state.daemons.insert(
+                dir.clone(),
+                DaemonRecord {
+                    key: key.clone(),
+                    control,
+                    pipe_dir: pipe_dir.clone(),
+                    log_dir,
+                    started_unix: now_unix(),
+                    applied: None,
+                    // Idle until a lease is recorded: a failed limit setting leaves it to the
+                    // idle stop instead of leaking it.
+                    idle_since_unix: Some(now_unix()),
+                },
+            );
+            inner.state.save(&self.config.state_path())?;
+        }
+        let record = inner.state.daemons.get_mut(&dir).expect("daemon record present");
+        if record.applied != Some(limits) {
+            let servers = mps_control::apply_limits_everywhere(
+                self.control.as_ref(),
+                &pipe_dir,
+                limits,
+                key.gpu_uuids().len(),
+            )
+            .await
+            .inspect_err(|e| error!(daemon = %key, limits = %limits, error = %e, "setting limits failed"))?;
+            info!(daemon = %key, limits = %limits, servers = ?servers, "server limits set and read back");
+            record.applied = Some(limits);
+        }
+        Ok(())
+    }
+
+    /// Drops a container's lease. Unknown containers are not an error (release is retried by
+    /// runc on delete, and the reconciler may have dropped it already).
+    pub async fn release(&self, container_id: &str) -> Result<bool, ManagerError> {
+        let mut inner = self.inner.lock().await;
+        let Some(lease) = inner.state.leases.remove(container_id) else {
+            return Ok(false);
+        };
+        mark_idle_if_unused(&mut inner.state, &lease.key);
+        inner.state.save(&self.config.state_path())?;
+        info!(container = %container_id, daemon = %lease.key, "lease released");
+        Ok(true)
+    }
+
+    pub async fn status(&self) -> proto::StatusResponse {
+        let inner = self.inner.lock().await;
+        let mut resp = proto::StatusResponse::new();
+        resp.policy = self.config.policy.to_string();
+        resp.tenancy = self.config.tenancy.to_string();
+        resp.manager_version = env!("CARGO_PKG_VERSION").to_string();
+        for g in &inner.inventory.gpus {
+            let on_gpu: Vec<&LeaseRecord> = inner
+                .state
+                .leases
+                .values()
+                .filter(|l| l.key.contains(&g.uuid))
+                .collect();
+            let mut gpu = proto::Gpu::new();
+            gpu.index = g.index;
+            gpu.uuid = g.uuid.clone();
+            gpu.name = g.name.clone();
+            gpu.memory_bytes = g.memory_bytes;
+            gpu.leases = on_gpu.len() as u32;
+            gpu.memory_reserved_bytes = on_gpu.iter().map(|l| l.limits.effective_memory_bytes()).sum();
+            gpu.memory_capacity_bytes = admission::memory_capacity(g.memory_bytes, self.config.overcommit);
+            gpu.max_clients = self.config.max_clients_per_gpu;
+            gpu.compute_mode = self
+                .backend
+                .compute_mode(&g.uuid)
+                .unwrap_or_else(|_| g.compute_mode.clone());
+            resp.gpus.push(gpu);
+        }
+        for d in inner.state.daemons.values() {
+            let mut daemon = daemon_proto(d, inner.state.leases_of(&d.key).count());
+            daemon.server_pids = mps_control::server_pids(self.control.as_ref(), &d.pipe_dir)
+                .await
+                .unwrap_or_default();
+            resp.daemons.push(daemon);
+        }
+        resp.leases = inner.state.leases.values().map(lease_proto).collect();
+        resp
+    }
+
+    /// Periodic housekeeping: drops leases of containers whose process is gone, notices dead
+    /// daemons, and stops daemons idle for longer than the grace period.
+    pub async fn reconcile(&self, now: i64) {
+        let mut inner = self.inner.lock().await;
+        let mut changed = false;
+        let dead: Vec<LeaseRecord> = inner
+            .state
+            .leases
+            .values()
+            .filter(|l| l.process.is_some() && !l.container_alive())
+            .cloned()
+            .collect();
+        for lease in dead {
+            warn!(container = %lease.container_id, pod = %lease.pod, namespace = %lease.namespace, "container process is gone without a release (poststop hook missed?); lease dropped");
+            inner.state.leases.remove(&lease.container_id);
+            mark_idle_if_unused(&mut inner.state, &lease.key);
+            changed = true;
+        }
+        let dirs: Vec<String> = inner.state.daemons.keys().cloned().collect();
+        for dir in dirs {
+            let record = inner.state.daemons[&dir].clone();
+            if !record.control.is_alive() {
+                error!(daemon = %record.key, pid = record.control.pid, leases = inner.state.leases_of(&record.key).count(), "MPS control daemon died; the next lease starts a new one");
+                inner.state.daemons.remove(&dir);
+                changed = true;
+                continue;
+            }
+            let Some(idle_since) = record.idle_since_unix else {
+                continue;
+            };
+            if now - idle_since < self.config.idle_grace_seconds as i64 {
+                continue;
+            }
+            match self.stop_daemon(&record).await {
+                Ok(true) => {
+                    inner.state.daemons.remove(&dir);
+                    changed = true;
+                }
+                Ok(false) => {}
+                Err(e) => error!(daemon = %record.key, error = %e, "stopping idle daemon failed"),
+            }
+        }
+        if changed {
+            if let Err(e) = inner.state.save(&self.config.state_path()) {
+                error!(error = %e, "saving state failed");
+            }
+        }
+    }
+
+    /// Quits an idle daemon unless MPS still reports clients on it (a container gpu-mps does
+    /// not know about, e.g. one started while the manager was down): those are never killed.
+    async fn stop_daemon(&self, record: &DaemonRecord) -> Result<bool, ManagerError> {
+        let control = self.control.as_ref();
+        let mut clients = Vec::new();
+        for server in mps_control::server_pids(control, &record.pipe_dir).await? {
+            clients.extend(mps_control::client_pids(control, &record.pipe_dir, server).await?);
+        }
+        if !clients.is_empty() {
+            warn!(daemon = %record.key, clients = ?clients, "idle daemon still has MPS clients without a lease; not stopping it");
+            return Ok(false);
+        }
+        control.command(&record.pipe_dir, "quit").await?;
+        for _ in 0..250 {
+            if !record.control.is_alive() {
+                info!(daemon = %record.key, pid = record.control.pid, "idle MPS control daemon stopped");
+                return Ok(true);
+            }
+            tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+        }
+        warn!(daemon = %record.key, pid = record.control.pid, "daemon did not exit within 5 s after quit");
+        Ok(false)
+    }
+
+    /// Called on SIGTERM. Idle daemons are stopped. Daemons with leases keep running, and so
+    /// does EXCLUSIVE_PROCESS: the next manager adopts them (an upgrade must not break pods).
+    /// With no lease left, the compute mode is restored.
+    pub async fn shutdown(&self) {
+        let mut inner = self.inner.lock().await;
+        let dirs: Vec<String> = inner.state.daemons.keys().cloned().collect();
+        for dir in dirs {
+            let record = inner.state.daemons[&dir].clone();
+            if inner.state.leases_of(&record.key).count() > 0 {
+                info!(daemon = %record.key, "daemon has leases; left running for the next manager");
+                continue;
+            }
+            match self.stop_daemon(&record).await {
+                Ok(true) => {
+                    inner.state.daemons.remove(&dir);
+                }
+                Ok(false) => {}
+                Err(e) => warn!(daemon = %record.key, error = %e, "could not stop daemon at shutdown"),
+            }
+        }
+        if inner.state.leases.is_empty() {
+            for (uuid, e) in compute_mode::restore_compute_modes(
+                self.backend.as_ref(),
+                &mut inner.state.saved_compute_modes,
+            ) {
+                error!(gpu = %uuid, error = %e, "cannot restore the compute mode");
+            }
+        } else if !inner.state.saved_compute_modes.is_empty() {
+            info!(
+                leases = inner.state.leases.len(),
+                "leases remain: EXCLUSIVE_PROCESS stays until they are gone"
+            );
+        }
+        if let Err(e) = inner.state.save(&self.config.state_path()) {
+            error!(error = %e, "saving state at shutdown failed");
+        }
+    }
+
+    fn response_for(&self, inner: &Inner, lease: &LeaseRecord) -> proto::AcquireResponse {
+        let mut resp = proto::AcquireResponse::new();
+        resp.lease = Some(lease_proto(lease)).into();
+        if let Some(d) = inner.state.daemons.get(&lease.key.dir_name()) {
+            resp.daemon = Some(daemon_proto(d, inner.state.leases_of(&lease.key).count())).into();
+        }
+        resp
+    }
+}
+
+/// Checks what the hook sent and turns it into an admission request.
+fn validate(req: &proto::AcquireRequest) -> Result<LeaseRequest, ManagerError> {
+    let bad = |m: String| Err(ManagerError::InvalidRequest(m));
+    if req.container_id.is_empty() {
+        return bad("container_id is empty".into());
+    }
+    if req.gpu_uuids.is_empty() {
+        return bad("no GPU in the request".into());
+    }
+    if !(1..=100).contains(&req.active_thread_percentage) {
+        return bad(format!(
+            "active thread percentage {} is not 1 to 100",
+            req.active_thread_percentage
+        ));
+    }
+    if req.memory_limit_bytes < gpu_mps_api::limits::MIN_MEMORY_LIMIT_BYTES {
+        return bad(format!(
+            "memory limit {} bytes is below 64Mi",
+            req.memory_limit_bytes
+        ));
+    }
+    Ok(LeaseRequest {
+        key: DaemonKey::new(req.gpu_uuids.iter().cloned()),
+        limits: Limits {
+            memory_bytes: req.memory_limit_bytes,
+            thread_percentage: req.active_thread_percentage as u8,
+        },
+        namespace: req.namespace.clone(),
+    })
+}
+
+fn mark_idle_if_unused(state: &mut State, key: &DaemonKey) {
+    if state.leases_of(key).count() == 0 {
+        if let Some(d) = state.daemons.get_mut(&key.dir_name()) {
+            d.idle_since_unix = Some(now_unix());
+        }
+    }
+}
+
+/// After a manager restart: keep daemons whose control process still runs (same pid, same
+/// start time) and leases whose container still runs. Dead ones are dropped and logged.
+async fn adopt(state: &mut State, control: &dyn MpsControl) {
+    let daemons = std::mem::take(&mut state.daemons);
+    for (dir, record) in daemons {
+        if record.control.is_alive() && control.command(&record.pipe_dir, "get_server_list").await.is_ok() {
+            info!(daemon = %record.key, pid = record.control.pid, applied = ?record.applied, "adopted running MPS control daemon");
+            state.daemons.insert(dir, record);
+        } else {
+            warn!(daemon = %record.key, pid = record.control.pid, "MPS control daemon of the previous run is gone");
+        }
+    }
+    let leases = std::mem::take(&mut state.leases);
+    for (id, lease) in leases {
+        if lease.process.is_none() || lease.container_alive() {
+            info!(container = %id, daemon = %lease.key, "adopted lease");
+            state.leases.insert(id, lease);
+        } else {
+            warn!(container = %id, "container of a lease is gone; lease dropped");
+        }
+    }
+    let keys: Vec<DaemonKey> = state.daemons.values().map(|d| d.key.clone()).collect();
+    for key in keys {
+        mark_idle_if_unused(state, &key);
+    }
+}
+
+fn daemon_proto(d: &DaemonRecord, leases: usize) -> proto::Daemon {
+    let mut daemon = proto::Daemon::new();
+    daemon.key = d.key.dir_name();
+    daemon.gpu_uuids = d.key.gpu_uuids().to_vec();
+    daemon.pipe_dir = d.pipe_dir.display().to_string();
+    daemon.control_pid = d.control.pid;
+    if let Some(l) = d.applied {
+        daemon.memory_limit_bytes = l.memory_bytes;
+        daemon.active_thread_percentage = u32::from(l.thread_percentage);
+    }
+    daemon.leases = leases as u32;
+    daemon.state = if d.idle_since_unix.is_some() {
+        "idle"
+    } else {
+        "running"
+    }
+    .into();
+    daemon.idle_since_unix = d.idle_since_unix.unwrap_or(0);
+    daemon.started_unix = d.started_unix;
+    daemon
+}
+
+fn lease_proto(l: &LeaseRecord) -> proto::Lease {
+    let mut lease = proto::Lease::new();
+    lease.container_id = l.container_id.clone();
+    lease.daemon = l.key.dir_name();
+    lease.gpu_uuids = l.key.gpu_uuids().to_vec();
+    lease.memory_limit_bytes = l.limits.memory_bytes;
+    lease.active_thread_percentage = u32::from(l.limits.thread_percentage);
+    lease.namespace = l.namespace.clone();
+    lease.pod = l.pod.clone();
+    lease.container_name = l.container_name.clone();
+    lease.pid = l.process.map(|p| p.pid).unwrap_or(0);
+    lease.acquired_unix = l.acquired_unix;
+    lease
+}
+
+fn make_dir(path: &Path, mode: u32) -> Result<(), ManagerError> {
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::create_dir_all(path).map_err(io_err(format!("creating {}", path.display())))?;
+    // Explicit: non-root clients must traverse every directory on the pipe path.
+    std::fs::set_permissions(path, std::fs::Permissions::from_mode(mode))
+        .map_err(io_err(format!("setting the mode of {}", path.display())))
+}
+
+/// A daemon that died leaves its pid file and sockets behind; a new one must not trip on them.
+fn remove_stale_daemon_files(pipe_dir: &Path) {
+    for name in [
+        mps_control::PID_FILE,
+        mps_control::CONTROL_SOCKET,
+        "control_privileged",
+        "control_lock",
+        "log",
+    ] {
+        let _ = std::fs::remove_file(pipe_dir.join(name));
+    }
+}
+
+#[cfg(test)]
+mod tests;

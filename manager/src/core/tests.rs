@@ -1,0 +1,506 @@
+//! ManagerCore against an in-memory MPS control double whose "daemons" are real `sleep`
+//! processes (so pid liveness checks are real) and whose answers follow the measured formats.
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command};
+use std::sync::{Arc, Mutex};
+
+use async_trait::async_trait;
+use gpu_mps_api::inventory::{GpuInfo, Inventory};
+use gpu_mps_api::node_config::{LimitPolicy, NodeConfig, Tenancy};
+
+use super::*;
+use crate::gpu_backend::FileBackend;
+
+const GIB: u64 = 1 << 30;
+
+#[derive(Default)]
+struct FakeDaemon {
+    child: Option<Child>,
+    default_threads: String,
+    default_mem: BTreeMap<String, String>,
+    servers: BTreeMap<u32, (String, BTreeMap<String, String>, Vec<u32>)>,
+}
+
+/// In-memory stand-in for nvidia-cuda-mps-control.
+#[derive(Default)]
+struct FakeControl {
+    daemons: Mutex<BTreeMap<PathBuf, FakeDaemon>>,
+    log: Mutex<Vec<String>>,
+    starts: Mutex<u32>,
+}
+
+impl FakeControl {
+    fn add_server(&self, pipe: &Path, server: u32, clients: Vec<u32>) {
+        let mut daemons = self.daemons.lock().unwrap();
+        let d = daemons.get_mut(pipe).expect("daemon");
+        let limits = (d.default_threads.clone(), d.default_mem.clone(), clients);
+        d.servers.insert(server, limits);
+    }
+
+    fn commands(&self) -> Vec<String> {
+        self.log.lock().unwrap().clone()
+    }
+
+    fn kill_all(&self) {
+        for d in self.daemons.lock().unwrap().values_mut() {
+            if let Some(mut c) = d.child.take() {
+                let _ = c.kill();
+                let _ = c.wait();
+            }
+        }
+    }
+}
+
+impl Drop for FakeControl {
+    fn drop(&mut self) {
+        self.kill_all();
+    }
+}
+
+#[async_trait]
+impl MpsControl for FakeControl {
+    async fn start_daemon(
+        &self,
+        _key: &DaemonKey,
+        pipe_dir: &Path,
+        _log: &Path,
+    ) -> Result<u32, ControlError> {
+        let child = Command::new("sleep").arg("600").spawn().expect("spawn sleep");
+        let pid = child.id();
+        std::fs::write(pipe_dir.join(mps_control::PID_FILE), pid.to_string()).unwrap();
+        *self.starts.lock().unwrap() += 1;
+        self.daemons.lock().unwrap().insert(
+            pipe_dir.into(),
+            FakeDaemon {
+                child: Some(child),
+                default_threads: "100.0".into(),
+                ..Default::default()
+            },
+        );
+        Ok(pid)
+    }
+
+    async fn command(&self, pipe_dir: &Path, command: &str) -> Result<String, ControlError> {
+        self.log.lock().unwrap().push(command.to_string());
+        let mut daemons = self.daemons.lock().unwrap();
+        let Some(d) = daemons.get_mut(pipe_dir).filter(|d| d.child.is_some()) else {
+            return Err(ControlError::NoDaemon {
+                pipe_dir: pipe_dir.display().to_string(),
+                output: "Cannot find MPS control daemon process".into(),
+            });
+        };
+        let w: Vec<&str> = command.split_whitespace().collect();
+        let mem_out = |v: &str| -> String {
+            let mib: u64 = v.trim_end_matches('M').parse().unwrap();
+            if mib % 1024 == 0 {
+                format!("{}G", mib / 1024)
+            } else {
+                format!("{mib}M")
+            }
+        };
+        let answer = match w.as_slice() {
+            ["get_server_list"] => d
+                .servers
+                .keys()
+                .map(|p| p.to_string())
+                .collect::<Vec<_>>()
+                .join("\n"),
+            ["get_client_list", s] => match d.servers.get(&s.parse().unwrap()) {
+                Some((_, _, c)) => c.iter().map(|p| p.to_string()).collect::<Vec<_>>().join("\n"),
+                None => format!("Server {s} not found"),
+            },
+            ["set_default_active_thread_percentage", p] => {
+                d.default_threads = format!("{}.0", p);
+                d.default_threads.clone()
+            }
+            ["get_default_active_thread_percentage"] => d.default_threads.clone(),
+            ["set_default_device_pinned_mem_limit", dev, v] => {
+                d.default_mem.insert(dev.to_string(), mem_out(v));
+                String::new()
+            }
+            ["get_default_device_pinned_mem_limit", dev] => {
+                d.default_mem.get(*dev).cloned().unwrap_or("0".into())
+            }
+            ["set_active_thread_percentage", s, p] => match d.servers.get_mut(&s.parse().unwrap()) {
+                Some(srv) => {
+                    srv.0 = format!("{p}.0");
+                    srv.0.clone()
+                }
+                None => format!("Server {s} not found"),
+            },
+            ["get_active_thread_percentage", s] => match d.servers.get(&s.parse().unwrap()) {
+                Some(srv) => srv.0.clone(),
+                None => format!("Server {s} not found"),
+            },
+            ["set_device_pinned_mem_limit", s, dev, v] => match d.servers.get_mut(&s.parse().unwrap()) {
+                Some(srv) => {
+                    srv.1.insert(dev.to_string(), mem_out(v));
+                    String::new()
+                }
+                None => format!("Server {s} not found"),
+            },
+            ["get_device_pinned_mem_limit", s, dev] => match d.servers.get(&s.parse().unwrap()) {
+                Some(srv) => srv.1.get(*dev).cloned().unwrap_or("0".into()),
+                None => format!("Server {s} not found"),
+            },
+            ["quit"] => {
+                if let Some(mut c) = d.child.take() {
+                    let _ = c.kill();
+                    let _ = c.wait();
+                }
+                String::new()
+            }
+            _ => format!("Unknown command \"{command}\""),
+        };
+        Ok(answer)
+    }
+}
+
+struct Env {
+    _dir: tempfile::TempDir,
+    config: NodeConfig,
+    control: Arc<FakeControl>,
+    backend: Arc<FileBackend>,
+}
+
+fn env(policy: LimitPolicy, tenancy: Tenancy) -> Env {
+    let dir = tempfile::tempdir().unwrap();
+    let inventory = Inventory {
+        source: "test".into(),
+        gpus: (0..2)
+            .map(|i| GpuInfo {
+                index: i,
+                uuid: format!("GPU-{i}"),
+                name: "Fake GPU (test double)".into(),
+                memory_bytes: 16 * GIB,
+                compute_mode: "Default".into(),
+                mig_enabled: false,
+            })
+            .collect(),
+    };
+    let inv_path = dir.path().join("inventory-src.json");
+    std::fs::write(&inv_path, serde_json::to_string(&inventory).unwrap()).unwrap();
+    let config = NodeConfig {
+        root: dir.path().join("root"),
+        policy,
+        tenancy,
+        ceiling: Some(Limits {
+            memory_bytes: 8 * GIB,
+            thread_percentage: 50,
+        }),
+        exclusive_process: false,
+        idle_grace_seconds: 10,
+        ..NodeConfig::default()
+    };
+    Env {
+        config,
+        control: Arc::new(FakeControl::default()),
+        backend: Arc::new(FileBackend::new(&inv_path)),
+        _dir: dir,
+    }
+}
+
+async fn core(e: &Env) -> ManagerCore {
+    ManagerCore::start(e.config.clone(), e.control.clone(), e.backend.clone())
+        .await
+        .unwrap()
+}
+
+fn request(id: &str, gpu: &str, gib: u64, pct: u32, ns: &str) -> proto::AcquireRequest {
+    let mut r = proto::AcquireRequest::new();
+    r.container_id = id.into();
+    r.gpu_uuids = vec![gpu.into()];
+    r.memory_limit_bytes = gib * GIB;
+    r.active_thread_percentage = pct;
+    r.namespace = ns.into();
+    r
+}
+
+#[tokio::test]
+async fn first_lease_starts_the_daemon_and_sets_limits_by_ordinal() {
+    let e = env(LimitPolicy::Uniform, Tenancy::Shared);
+    let m = core(&e).await;
+    let resp = m.acquire(request("c1", "GPU-0", 4, 25, "ns")).await.unwrap();
+    let daemon = resp.daemon.as_ref().unwrap();
+    assert_eq!(daemon.key, "GPU-0");
+    assert_eq!(daemon.memory_limit_bytes, 4 * GIB);
+    assert_eq!(daemon.active_thread_percentage, 25);
+    let cmds = e.control.commands();
+    assert!(
+        cmds.contains(&"set_default_active_thread_percentage 25".to_string()),
+        "{cmds:?}"
+    );
+    assert!(
+        cmds.contains(&"set_default_device_pinned_mem_limit 0 4096M".to_string()),
+        "{cmds:?}"
+    );
+    assert!(
+        cmds.contains(&"get_default_device_pinned_mem_limit 0".to_string()),
+        "read back: {cmds:?}"
+    );
+    // The inventory is published for the shim.
+    let inv = std::fs::read_to_string(e.config.inventory_path()).unwrap();
+    assert!(inv.contains("GPU-1"));
+
+    // The same GPU and class: the same daemon, no second start.
+    m.acquire(request("c2", "GPU-0", 4, 25, "ns")).await.unwrap();
+    assert_eq!(*e.control.starts.lock().unwrap(), 1);
+    let status = m.status().await;
+    assert_eq!(status.daemons.len(), 1);
+    assert_eq!(status.daemons[0].leases, 2);
+    assert_eq!(status.gpus[0].memory_reserved_bytes, 8 * GIB);
+}
+
+#[tokio::test]
+async fn acquire_is_idempotent_per_container() {
+    let e = env(LimitPolicy::Uniform, Tenancy::Shared);
+    let m = core(&e).await;
+    m.acquire(request("c1", "GPU-0", 4, 25, "ns")).await.unwrap();
+    m.acquire(request("c1", "GPU-0", 4, 25, "ns")).await.unwrap();
+    assert_eq!(m.status().await.leases.len(), 1);
+    let err = m.acquire(request("c1", "GPU-0", 8, 25, "ns")).await.unwrap_err();
+    assert_eq!(err.code(), ttrpc::Code::INVALID_ARGUMENT);
+}
+
+#[tokio::test]
+async fn uniform_refuses_another_class_until_the_gpu_is_free_then_resets_limits() {
+    let e = env(LimitPolicy::Uniform, Tenancy::Shared);
+    let m = core(&e).await;
+    m.acquire(request("small", "GPU-0", 4, 25, "ns")).await.unwrap();
+    let pipe = e.config.pipe_dir(&DaemonKey::new(["GPU-0"]));
+    e.control.add_server(&pipe, 4242, vec![]);
+    let err = m.acquire(request("big", "GPU-0", 8, 50, "ns")).await.unwrap_err();
+    assert_eq!(err.code(), ttrpc::Code::FAILED_PRECONDITION);
+    assert!(err.to_string().contains("4Gi/25%"), "{err}");
+    assert!(m.release("small").await.unwrap());
+    m.acquire(request("big", "GPU-0", 8, 50, "ns")).await.unwrap();
+    // The idle server that kept running gets the new class too, not only the defaults.
+    let cmds = e.control.commands();
+    assert!(
+        cmds.contains(&"set_active_thread_percentage 4242 50".to_string()),
+        "{cmds:?}"
+    );
+    assert!(
+        cmds.contains(&"set_device_pinned_mem_limit 4242 0 8192M".to_string()),
+        "{cmds:?}"
+    );
+}
+
+#[tokio::test]
+async fn ceiling_sets_the_ceiling_on_the_server_once() {
+    let e = env(LimitPolicy::Ceiling, Tenancy::Shared);
+    let m = core(&e).await;
+    let a = m.acquire(request("a", "GPU-0", 4, 25, "ns")).await.unwrap();
+    let b = m.acquire(request("b", "GPU-0", 8, 50, "ns")).await.unwrap();
+    assert_eq!(a.daemon.as_ref().unwrap().active_thread_percentage, 50);
+    assert_eq!(b.lease.as_ref().unwrap().memory_limit_bytes, 8 * GIB);
+    let sets = e
+        .control
+        .commands()
+        .iter()
+        .filter(|c| c.starts_with("set_default_active"))
+        .count();
+    assert_eq!(sets, 1);
+    let err = m.acquire(request("c", "GPU-0", 16, 50, "ns")).await.unwrap_err();
+    assert_eq!(err.code(), ttrpc::Code::INVALID_ARGUMENT);
+}
+
+#[tokio::test]
+async fn exclusive_tenancy_and_capacity_refusals() {
+    let e = env(LimitPolicy::Ceiling, Tenancy::Exclusive);
+    let m = core(&e).await;
+    m.acquire(request("a", "GPU-0", 8, 50, "team-a")).await.unwrap();
+    let err = m
+        .acquire(request("b", "GPU-0", 4, 25, "team-b"))
+        .await
+        .unwrap_err();
+    assert!(err.to_string().contains("exclusive"), "{err}");
+    m.acquire(request("b", "GPU-0", 8, 50, "team-a")).await.unwrap();
+    let err = m
+        .acquire(request("c", "GPU-0", 1, 50, "team-a"))
+        .await
+        .unwrap_err();
+    assert_eq!(err.code(), ttrpc::Code::RESOURCE_EXHAUSTED);
+    assert!(err.to_string().contains("16Gi of 16Gi"), "{err}");
+}
+
+#[tokio::test]
+async fn idle_daemon_stops_after_the_grace_period_only() {
+    let e = env(LimitPolicy::Uniform, Tenancy::Shared);
+    let m = core(&e).await;
+    m.acquire(request("c1", "GPU-0", 4, 25, "ns")).await.unwrap();
+    let pid = m.status().await.daemons[0].control_pid;
+    m.release("c1").await.unwrap();
+    assert!(!m.release("c1").await.unwrap(), "a second release is a no-op");
+    let idle_since = m.status().await.daemons[0].idle_since_unix;
+    m.reconcile(idle_since + 5).await;
+    assert_eq!(m.status().await.daemons.len(), 1, "still inside the grace period");
+    m.reconcile(idle_since + 11).await;
+    assert!(m.status().await.daemons.is_empty());
+    assert!(!crate::process_identity::is_running(pid));
+}
+
+#[tokio::test]
+async fn an_idle_daemon_with_unknown_clients_is_not_stopped() {
+    let e = env(LimitPolicy::Uniform, Tenancy::Shared);
+    let m = core(&e).await;
+    m.acquire(request("c1", "GPU-0", 4, 25, "ns")).await.unwrap();
+    e.control
+        .add_server(&e.config.pipe_dir(&DaemonKey::new(["GPU-0"])), 777, vec![778]);
+    m.release("c1").await.unwrap();
+    m.reconcile(now_unix() + 1000).await;
+    assert_eq!(m.status().await.daemons.len(), 1);
+}
+
+#[tokio::test]
+async fn leases_of_dead_containers_are_dropped() {
+    let e = env(LimitPolicy::Uniform, Tenancy::Shared);
+    let m = core(&e).await;
+    let mut container = Command::new("sleep").arg("600").spawn().unwrap();
+    let mut r = request("c1", "GPU-0", 4, 25, "ns");
+    r.pid = container.id();
+    m.acquire(r).await.unwrap();
+    m.reconcile(now_unix()).await;
+    assert_eq!(m.status().await.leases.len(), 1);
+    container.kill().unwrap();
+    container.wait().unwrap();
+    m.reconcile(now_unix()).await;
+    assert!(m.status().await.leases.is_empty());
+    assert_eq!(m.status().await.daemons[0].state, "idle");
+}
+
+#[tokio::test]
+async fn a_restarted_manager_adopts_daemons_and_leases_without_restarting_them() {
+    let e = env(LimitPolicy::Uniform, Tenancy::Shared);
+    let m = core(&e).await;
+    let mut container = Command::new("sleep").arg("600").spawn().unwrap();
+    let mut r = request("c1", "GPU-0", 4, 25, "ns");
+    r.pid = container.id();
+    m.acquire(r).await.unwrap();
+    let pid = m.status().await.daemons[0].control_pid;
+    drop(m); // the manager dies without shutdown
+
+    let m2 = core(&e).await;
+    let s = m2.status().await;
+    assert_eq!(s.daemons.len(), 1);
+    assert_eq!(s.daemons[0].control_pid, pid);
+    assert_eq!(s.leases.len(), 1);
+    assert_eq!(*e.control.starts.lock().unwrap(), 1, "no second daemon");
+    // Same class still admitted without resetting limits; another class still refused.
+    let before = e.control.commands().len();
+    m2.acquire(request("c2", "GPU-0", 4, 25, "ns")).await.unwrap();
+    assert!(
+        !e.control.commands()[before..]
+            .iter()
+            .any(|c| c.starts_with("set_"))
+    );
+    assert!(m2.acquire(request("c3", "GPU-0", 8, 25, "ns")).await.is_err());
+    container.kill().unwrap();
+    container.wait().unwrap();
+}
+
+#[tokio::test]
+async fn a_restarted_manager_drops_what_died_meanwhile() {
+    let e = env(LimitPolicy::Uniform, Tenancy::Shared);
+    let m = core(&e).await;
+    let mut container = Command::new("sleep").arg("600").spawn().unwrap();
+    let mut r = request("c1", "GPU-0", 4, 25, "ns");
+    r.pid = container.id();
+    m.acquire(r).await.unwrap();
+    drop(m);
+    container.kill().unwrap();
+    container.wait().unwrap();
+    e.control.kill_all();
+    let m2 = core(&e).await;
+    let s = m2.status().await;
+    assert!(s.leases.is_empty() && s.daemons.is_empty());
+    m2.acquire(request("c2", "GPU-0", 8, 50, "ns")).await.unwrap();
+    assert_eq!(*e.control.starts.lock().unwrap(), 2);
+}
+
+#[tokio::test]
+async fn shutdown_keeps_busy_daemons_and_stops_idle_ones() {
+    let e = env(LimitPolicy::Uniform, Tenancy::Shared);
+    let m = core(&e).await;
+    m.acquire(request("busy", "GPU-0", 4, 25, "ns")).await.unwrap();
+    m.acquire(request("gone", "GPU-1", 4, 25, "ns")).await.unwrap();
+    m.release("gone").await.unwrap();
+    m.shutdown().await;
+    let m2 = core(&e).await;
+    let s = m2.status().await;
+    assert_eq!(
+        s.daemons.iter().map(|d| d.key.as_str()).collect::<Vec<_>>(),
+        ["GPU-0"]
+    );
+}
+
+#[tokio::test]
+async fn exclusive_process_is_set_at_start_and_restored_at_an_empty_shutdown() {
+    let mut e = env(LimitPolicy::Uniform, Tenancy::Shared);
+    e.config.exclusive_process = true;
+    let m = core(&e).await;
+    assert_eq!(e.backend.compute_mode("GPU-0").unwrap(), "ExclusiveProcess");
+    m.acquire(request("c1", "GPU-0", 4, 25, "ns")).await.unwrap();
+    m.shutdown().await;
+    assert_eq!(
+        e.backend.compute_mode("GPU-0").unwrap(),
+        "ExclusiveProcess",
+        "a lease remains"
+    );
+    let m2 = core(&e).await;
+    m2.release("c1").await.unwrap();
+    m2.shutdown().await;
+    assert_eq!(e.backend.compute_mode("GPU-0").unwrap(), "Default");
+    assert_eq!(e.backend.compute_mode("GPU-1").unwrap(), "Default");
+}
+
+#[tokio::test]
+async fn a_daemon_that_rejects_a_limit_fails_the_lease() {
+    struct Stubborn(FakeControl);
+    #[async_trait]
+    impl MpsControl for Stubborn {
+        async fn start_daemon(&self, k: &DaemonKey, p: &Path, l: &Path) -> Result<u32, ControlError> {
+            self.0.start_daemon(k, p, l).await
+        }
+        async fn command(&self, p: &Path, c: &str) -> Result<String, ControlError> {
+            // Measured: a rejected value exits 0 and echoes the value still in force.
+            if c.starts_with("set_default_active_thread_percentage") {
+                return Ok("100.0".into());
+            }
+            self.0.command(p, c).await
+        }
+    }
+    let e = env(LimitPolicy::Uniform, Tenancy::Shared);
+    let m = ManagerCore::start(
+        e.config.clone(),
+        Arc::new(Stubborn(FakeControl::default())),
+        e.backend.clone(),
+    )
+    .await
+    .unwrap();
+    let err = m.acquire(request("c1", "GPU-0", 4, 25, "ns")).await.unwrap_err();
+    assert_eq!(err.code(), ttrpc::Code::UNAVAILABLE);
+    assert!(err.to_string().contains("reads back"), "{err}");
+    assert!(m.status().await.leases.is_empty());
+}
+
+#[tokio::test]
+async fn invalid_requests_are_refused() {
+    let e = env(LimitPolicy::Uniform, Tenancy::Shared);
+    let m = core(&e).await;
+    let mut r = request("c1", "GPU-0", 4, 0, "ns");
+    assert_eq!(
+        m.acquire(r.clone()).await.unwrap_err().code(),
+        ttrpc::Code::INVALID_ARGUMENT
+    );
+    r.active_thread_percentage = 25;
+    r.gpu_uuids.clear();
+    assert_eq!(
+        m.acquire(r).await.unwrap_err().code(),
+        ttrpc::Code::INVALID_ARGUMENT
+    );
+    let err = m.acquire(request("c1", "GPU-7", 4, 25, "ns")).await.unwrap_err();
+    assert!(err.to_string().contains("GPU-7"), "{err}");
+}

@@ -1,0 +1,186 @@
+//! Where the manager learns about GPUs and changes their compute mode: NVML on a real node,
+//! or (TEST ONLY) a JSON file on machines without a GPU.
+
+use std::path::{Path, PathBuf};
+use std::sync::Mutex;
+
+use gpu_mps_api::inventory::{GpuInfo, Inventory};
+use nvml_wrapper::Nvml;
+use nvml_wrapper::enum_wrappers::device::ComputeMode;
+use thiserror::Error;
+
+pub const EXCLUSIVE_PROCESS: &str = "ExclusiveProcess";
+
+#[derive(Debug, Error)]
+pub enum GpuBackendError {
+    #[error("NVML: {context}: {source}")]
+    Nvml {
+        context: String,
+        source: nvml_wrapper::error::NvmlError,
+    },
+    #[error("reading the test inventory {path}: {message}")]
+    InventoryFile { path: PathBuf, message: String },
+    #[error("GPU {0} is not in the inventory")]
+    UnknownGpu(String),
+    #[error("{0:?} is not a compute mode (Default, ExclusiveProcess, Prohibited)")]
+    UnknownMode(String),
+}
+
+pub trait GpuBackend: Send + Sync {
+    fn inventory(&self) -> Result<Inventory, GpuBackendError>;
+    fn compute_mode(&self, uuid: &str) -> Result<String, GpuBackendError>;
+    fn set_compute_mode(&self, uuid: &str, mode: &str) -> Result<(), GpuBackendError>;
+}
+
+/// The real GPUs, through NVML (libnvidia-ml.so.1, loaded at run time).
+pub struct NvmlBackend {
+    nvml: Nvml,
+}
+
+impl NvmlBackend {
+    pub fn init() -> Result<Self, GpuBackendError> {
+        let nvml = Nvml::init().map_err(|source| GpuBackendError::Nvml {
+            context: "loading libnvidia-ml.so.1 (is the NVIDIA driver installed?)".into(),
+            source,
+        })?;
+        Ok(NvmlBackend { nvml })
+    }
+
+    fn nvml_err(
+        context: impl Into<String>,
+    ) -> impl FnOnce(nvml_wrapper::error::NvmlError) -> GpuBackendError {
+        let context = context.into();
+        move |source| GpuBackendError::Nvml { context, source }
+    }
+}
+
+fn mode_name(mode: ComputeMode) -> &'static str {
+    match mode {
+        ComputeMode::Default => "Default",
+        ComputeMode::ExclusiveThread => "ExclusiveThread",
+        ComputeMode::Prohibited => "Prohibited",
+        ComputeMode::ExclusiveProcess => EXCLUSIVE_PROCESS,
+    }
+}
+
+fn mode_from_name(name: &str) -> Result<ComputeMode, GpuBackendError> {
+    match name {
+        "Default" => Ok(ComputeMode::Default),
+        "Prohibited" => Ok(ComputeMode::Prohibited),
+        "ExclusiveProcess" => Ok(ComputeMode::ExclusiveProcess),
+        other => Err(GpuBackendError::UnknownMode(other.into())),
+    }
+}
+
+impl GpuBackend for NvmlBackend {
+    fn inventory(&self) -> Result<Inventory, GpuBackendError> {
+        let count = self
+            .nvml
+            .device_count()
+            .map_err(Self::nvml_err("counting devices"))?;
+        let mut gpus = Vec::new();
+        for index in 0..count {
+            let d = self
+                .nvml
+                .device_by_index(index)
+                .map_err(Self::nvml_err(format!("device {index}")))?;
+            gpus.push(GpuInfo {
+                index,
+                uuid: d
+                    .uuid()
+                    .map_err(Self::nvml_err(format!("UUID of device {index}")))?,
+                name: d
+                    .name()
+                    .map_err(Self::nvml_err(format!("name of device {index}")))?,
+                memory_bytes: d
+                    .memory_info()
+                    .map_err(Self::nvml_err(format!("memory of device {index}")))?
+                    .total,
+                compute_mode: d.compute_mode().map(mode_name).unwrap_or("Unknown").to_string(),
+                // Not every GPU supports MIG; NotSupported means MIG is off.
+                mig_enabled: d.mig_mode().map(|m| m.current == 1).unwrap_or(false),
+            });
+        }
+        Ok(Inventory {
+            source: "nvml".into(),
+            gpus,
+        })
+    }
+
+    fn compute_mode(&self, uuid: &str) -> Result<String, GpuBackendError> {
+        let d = self
+            .nvml
+            .device_by_uuid(uuid)
+            .map_err(Self::nvml_err(format!("device {uuid}")))?;
+        Ok(mode_name(
+            d.compute_mode()
+                .map_err(Self::nvml_err(format!("compute mode of {uuid}")))?,
+        )
+        .into())
+    }
+
+    fn set_compute_mode(&self, uuid: &str, mode: &str) -> Result<(), GpuBackendError> {
+        let mode = mode_from_name(mode)?;
+        let mut d = self
+            .nvml
+            .device_by_uuid(uuid)
+            .map_err(Self::nvml_err(format!("device {uuid}")))?;
+        d.set_compute_mode(mode)
+            .map_err(Self::nvml_err(format!("setting compute mode of {uuid}")))
+    }
+}
+
+/// TEST ONLY: GPUs described by a JSON file (api::inventory::Inventory). Compute mode changes
+/// are kept in memory and never reach a device. Exists so CI, which has no GPU, can run the
+/// manager end to end; the manager logs a warning when it is used.
+pub struct FileBackend {
+    path: PathBuf,
+    modes: Mutex<std::collections::BTreeMap<String, String>>,
+}
+
+impl FileBackend {
+    pub fn new(path: &Path) -> Self {
+        FileBackend {
+            path: path.into(),
+            modes: Mutex::new(Default::default()),
+        }
+    }
+}
+
+impl GpuBackend for FileBackend {
+    fn inventory(&self) -> Result<Inventory, GpuBackendError> {
+        let err = |message: String| GpuBackendError::InventoryFile {
+            path: self.path.clone(),
+            message,
+        };
+        let text = std::fs::read_to_string(&self.path).map_err(|e| err(e.to_string()))?;
+        let mut inv = Inventory::from_json(&text).map_err(|e| err(e.to_string()))?;
+        inv.source = format!("file:{} (TEST ONLY)", self.path.display());
+        let modes = self.modes.lock().expect("modes lock");
+        for g in &mut inv.gpus {
+            if let Some(m) = modes.get(&g.uuid) {
+                g.compute_mode = m.clone();
+            }
+        }
+        Ok(inv)
+    }
+
+    fn compute_mode(&self, uuid: &str) -> Result<String, GpuBackendError> {
+        let inv = self.inventory()?;
+        let gpu = inv
+            .gpus
+            .iter()
+            .find(|g| g.uuid == uuid)
+            .ok_or_else(|| GpuBackendError::UnknownGpu(uuid.into()))?;
+        Ok(gpu.compute_mode.clone())
+    }
+
+    fn set_compute_mode(&self, uuid: &str, mode: &str) -> Result<(), GpuBackendError> {
+        mode_from_name(mode)?;
+        self.modes
+            .lock()
+            .expect("modes lock")
+            .insert(uuid.into(), mode.into());
+        Ok(())
+    }
+}

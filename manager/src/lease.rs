@@ -1,0 +1,44 @@
+//! A container's lease on an MPS daemon.
+
+use gpu_mps_api::{DaemonKey, Limits};
+use serde::{Deserialize, Serialize};
+
+use crate::process_identity::ProcessIdentity;
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct LeaseRecord {
+    pub container_id: String,
+    pub key: DaemonKey,
+    /// The container's own limits (what it asked for and what its env says).
+    pub limits: Limits,
+    pub namespace: String,
+    pub pod: String,
+    pub container_name: String,
+    pub bundle: String,
+    /// The container's init process; the lease is dropped once it is gone, in case the
+    /// poststop hook never ran (runc killed, node crash, containerd restart).
+    pub process: Option<ProcessIdentity>,
+    pub acquired_unix: i64,
+}
+
+impl LeaseRecord {
+    /// False once the container's init process has exited.
+    pub fn container_alive(&self) -> bool {
+        self.process.is_some_and(|p| p.is_alive())
+    }
+
+    #[cfg(test)]
+    pub fn for_test(id: &str, key: DaemonKey, limits: Limits, namespace: &str) -> Self {
+        LeaseRecord {
+            container_id: id.into(),
+            key,
+            limits,
+            namespace: namespace.into(),
+            pod: String::new(),
+            container_name: String::new(),
+            bundle: String::new(),
+            process: None,
+            acquired_unix: 0,
+        }
+    }
+}

@@ -1,0 +1,188 @@
+//! The manager's state on disk (`<root>/state.json`): written atomically after every change,
+//! read at start so a restarted manager adopts the daemons and leases it had.
+
+use std::collections::BTreeMap;
+use std::io::Write;
+use std::path::{Path, PathBuf};
+
+use gpu_mps_api::{DaemonKey, Limits};
+use serde::{Deserialize, Serialize};
+use thiserror::Error;
+
+use crate::lease::LeaseRecord;
+use crate::process_identity::ProcessIdentity;
+
+const STATE_VERSION: u32 = 1;
+
+#[derive(Debug, Error)]
+pub enum StateError {
+    #[error("reading {path}: {source}")]
+    Read { path: PathBuf, source: std::io::Error },
+    #[error("{path} is not a gpu-mps state file: {source}")]
+    Parse {
+        path: PathBuf,
+        source: serde_json::Error,
+    },
+    #[error("{path} has state version {found}; this manager understands version {STATE_VERSION}")]
+    Version { path: PathBuf, found: u32 },
+    #[error("writing {path}: {source}")]
+    Write { path: PathBuf, source: std::io::Error },
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct DaemonRecord {
+    pub key: DaemonKey,
+    pub control: ProcessIdentity,
+    pub pipe_dir: PathBuf,
+    pub log_dir: PathBuf,
+    pub started_unix: i64,
+    /// The limits last set on this daemon's servers and read back.
+    pub applied: Option<Limits>,
+    /// Set while no lease uses the daemon; it is stopped once idle_grace_seconds have passed.
+    pub idle_since_unix: Option<i64>,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct State {
+    pub version: u32,
+    /// By DaemonKey::dir_name().
+    pub daemons: BTreeMap<String, DaemonRecord>,
+    /// By container id.
+    pub leases: BTreeMap<String, LeaseRecord>,
+    /// Compute modes found before the manager set EXCLUSIVE_PROCESS, by GPU UUID; kept across
+    /// restarts so that the mode restored at the end is the operator's, not our own.
+    pub saved_compute_modes: BTreeMap<String, String>,
+}
+
+impl Default for State {
+    fn default() -> Self {
+        State {
+            version: STATE_VERSION,
+            daemons: BTreeMap::new(),
+            leases: BTreeMap::new(),
+            saved_compute_modes: BTreeMap::new(),
+        }
+    }
+}
+
+impl State {
+    /// Loads the state; a missing file is an empty state (first start, or after a reboot
+    /// emptied /run).
+    pub fn load(path: &Path) -> Result<State, StateError> {
+        let text = match std::fs::read_to_string(path) {
+            Ok(t) => t,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(State::default()),
+            Err(source) => {
+                return Err(StateError::Read {
+                    path: path.into(),
+                    source,
+                });
+            }
+        };
+        let state: State = serde_json::from_str(&text).map_err(|source| StateError::Parse {
+            path: path.into(),
+            source,
+        })?;
+        if state.version != STATE_VERSION {
+            return Err(StateError::Version {
+                path: path.into(),
+                found: state.version,
+            });
+        }
+        Ok(state)
+    }
+
+    pub fn save(&self, path: &Path) -> Result<(), StateError> {
+        let text = serde_json::to_vec_pretty(self).expect("state serializes");
+        write_atomically(path, &text, 0o600).map_err(|source| StateError::Write {
+            path: path.into(),
+            source,
+        })
+    }
+
+    pub fn leases_of<'a>(&'a self, key: &'a DaemonKey) -> impl Iterator<Item = &'a LeaseRecord> + 'a {
+        self.leases.values().filter(move |l| &l.key == key)
+    }
+}
+
+/// Writes `path` so that a reader sees the old or the new content, never a torn file:
+/// a temp file in the same directory, fsync, rename, fsync of the directory.
+pub fn write_atomically(path: &Path, bytes: &[u8], mode: u32) -> std::io::Result<()> {
+    use std::os::unix::fs::OpenOptionsExt;
+    let dir = path.parent().unwrap_or(Path::new("."));
+    let name = path
+        .file_name()
+        .map(|n| n.to_string_lossy().into_owned())
+        .unwrap_or_default();
+    let tmp = dir.join(format!(".{name}.tmp-{}", std::process::id()));
+    let result = (|| {
+        let mut f = std::fs::OpenOptions::new()
+            .write(true)
+            .create(true)
+            .truncate(true)
+            .mode(mode)
+            .open(&tmp)?;
+        f.write_all(bytes)?;
+        f.sync_all()?;
+        std::fs::rename(&tmp, path)?;
+        std::fs::File::open(dir)?.sync_all()
+    })();
+    if result.is_err() {
+        let _ = std::fs::remove_file(&tmp);
+    }
+    result
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn round_trip_and_missing_file() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("state.json");
+        assert_eq!(State::load(&path).unwrap(), State::default());
+        let mut s = State::default();
+        let key = DaemonKey::new(["GPU-0"]);
+        s.leases.insert(
+            "c1".into(),
+            LeaseRecord::for_test(
+                "c1",
+                key.clone(),
+                Limits {
+                    memory_bytes: 1 << 30,
+                    thread_percentage: 10,
+                },
+                "ns",
+            ),
+        );
+        s.saved_compute_modes.insert("GPU-0".into(), "Default".into());
+        s.save(&path).unwrap();
+        assert_eq!(State::load(&path).unwrap(), s);
+        assert_eq!(s.leases_of(&key).count(), 1);
+        assert!(
+            !std::fs::read_dir(dir.path()).unwrap().any(|e| e
+                .unwrap()
+                .file_name()
+                .to_string_lossy()
+                .contains(".tmp"))
+        );
+    }
+
+    #[test]
+    fn refuses_garbage_and_other_versions() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("state.json");
+        std::fs::write(&path, "{not json").unwrap();
+        assert!(matches!(State::load(&path), Err(StateError::Parse { .. })));
+        std::fs::write(
+            &path,
+            r#"{"version":99,"daemons":{},"leases":{},"saved_compute_modes":{}}"#,
+        )
+        .unwrap();
+        assert!(matches!(
+            State::load(&path),
+            Err(StateError::Version { found: 99, .. })
+        ));
+    }
+}

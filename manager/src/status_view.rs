@@ -1,0 +1,262 @@
+//! What `gpu-mps status|daemons|leases` print: the manager's StatusResponse as JSON (for
+//! scripts and tests) or as tables (for people). Pure.
+
+use gpu_mps_api::proto;
+use gpu_mps_api::quantity::format_bytes;
+use serde::Serialize;
+
+#[derive(Debug, Serialize)]
+pub struct StatusView {
+    pub manager_version: String,
+    pub policy: String,
+    pub tenancy: String,
+    pub gpus: Vec<GpuView>,
+    pub daemons: Vec<DaemonView>,
+    pub leases: Vec<LeaseView>,
+}
+
+#[derive(Debug, Serialize)]
+pub struct GpuView {
+    pub index: u32,
+    pub uuid: String,
+    pub name: String,
+    pub memory_bytes: u64,
+    pub compute_mode: String,
+    pub leases: u32,
+    pub max_clients: u32,
+    pub memory_reserved_bytes: u64,
+    pub memory_capacity_bytes: u64,
+}
+
+#[derive(Debug, Serialize)]
+pub struct DaemonView {
+    pub key: String,
+    pub gpu_uuids: Vec<String>,
+    pub state: String,
+    pub control_pid: u32,
+    pub server_pids: Vec<u32>,
+    pub memory_limit_bytes: u64,
+    pub active_thread_percentage: u32,
+    pub leases: u32,
+    pub pipe_dir: String,
+    pub started_unix: i64,
+    pub idle_since_unix: i64,
+}
+
+#[derive(Debug, Serialize)]
+pub struct LeaseView {
+    pub container_id: String,
+    pub namespace: String,
+    pub pod: String,
+    pub container_name: String,
+    pub daemon: String,
+    pub gpu_uuids: Vec<String>,
+    pub memory_limit_bytes: u64,
+    pub active_thread_percentage: u32,
+    pub pid: u32,
+    pub acquired_unix: i64,
+}
+
+impl From<&proto::StatusResponse> for StatusView {
+    fn from(s: &proto::StatusResponse) -> Self {
+        StatusView {
+            manager_version: s.manager_version.clone(),
+            policy: s.policy.clone(),
+            tenancy: s.tenancy.clone(),
+            gpus: s
+                .gpus
+                .iter()
+                .map(|g| GpuView {
+                    index: g.index,
+                    uuid: g.uuid.clone(),
+                    name: g.name.clone(),
+                    memory_bytes: g.memory_bytes,
+                    compute_mode: g.compute_mode.clone(),
+                    leases: g.leases,
+                    max_clients: g.max_clients,
+                    memory_reserved_bytes: g.memory_reserved_bytes,
+                    memory_capacity_bytes: g.memory_capacity_bytes,
+                })
+                .collect(),
+            daemons: s
+                .daemons
+                .iter()
+                .map(|d| DaemonView {
+                    key: d.key.clone(),
+                    gpu_uuids: d.gpu_uuids.clone(),
+                    state: d.state.clone(),
+                    control_pid: d.control_pid,
+                    server_pids: d.server_pids.clone(),
+                    memory_limit_bytes: d.memory_limit_bytes,
+                    active_thread_percentage: d.active_thread_percentage,
+                    leases: d.leases,
+                    pipe_dir: d.pipe_dir.clone(),
+                    started_unix: d.started_unix,
+                    idle_since_unix: d.idle_since_unix,
+                })
+                .collect(),
+            leases: s
+                .leases
+                .iter()
+                .map(|l| LeaseView {
+                    container_id: l.container_id.clone(),
+                    namespace: l.namespace.clone(),
+                    pod: l.pod.clone(),
+                    container_name: l.container_name.clone(),
+                    daemon: l.daemon.clone(),
+                    gpu_uuids: l.gpu_uuids.clone(),
+                    memory_limit_bytes: l.memory_limit_bytes,
+                    active_thread_percentage: l.active_thread_percentage,
+                    pid: l.pid,
+                    acquired_unix: l.acquired_unix,
+                })
+                .collect(),
+        }
+    }
+}
+
+fn table(header: &[&str], rows: Vec<Vec<String>>) -> String {
+    let mut widths: Vec<usize> = header.iter().map(|h| h.len()).collect();
+    for r in &rows {
+        for (i, c) in r.iter().enumerate() {
+            widths[i] = widths[i].max(c.len());
+        }
+    }
+    let line = |cells: Vec<&str>| {
+        cells
+            .iter()
+            .enumerate()
+            .map(|(i, c)| format!("{c:<w$}", w = widths[i]))
+            .collect::<Vec<_>>()
+            .join("  ")
+    };
+    let mut out = line(header.to_vec()).trim_end().to_string() + "\n";
+    for r in &rows {
+        out += line(r.iter().map(String::as_str).collect()).trim_end();
+        out += "\n";
+    }
+    out
+}
+
+fn limits(mem: u64, pct: u32) -> String {
+    if mem == 0 && pct == 0 {
+        "-".into()
+    } else {
+        format!("{}/{}%", format_bytes(mem), pct)
+    }
+}
+
+fn short(id: &str) -> String {
+    id.chars().take(13).collect()
+}
+
+impl StatusView {
+    pub fn gpus_table(&self) -> String {
+        table(
+            &["GPU", "UUID", "NAME", "MODE", "LEASES", "MEMORY RESERVED"],
+            self.gpus
+                .iter()
+                .map(|g| {
+                    vec![
+                        g.index.to_string(),
+                        g.uuid.clone(),
+                        g.name.clone(),
+                        g.compute_mode.clone(),
+                        format!("{}/{}", g.leases, g.max_clients),
+                        format!(
+                            "{} of {}",
+                            format_bytes(g.memory_reserved_bytes),
+                            format_bytes(g.memory_capacity_bytes)
+                        ),
+                    ]
+                })
+                .collect(),
+        )
+    }
+
+    pub fn daemons_table(&self) -> String {
+        table(
+            &[
+                "DAEMON", "STATE", "PID", "SERVERS", "LIMITS", "LEASES", "PIPE DIR",
+            ],
+            self.daemons
+                .iter()
+                .map(|d| {
+                    vec![
+                        d.key.clone(),
+                        d.state.clone(),
+                        d.control_pid.to_string(),
+                        d.server_pids
+                            .iter()
+                            .map(|p| p.to_string())
+                            .collect::<Vec<_>>()
+                            .join(","),
+                        limits(d.memory_limit_bytes, d.active_thread_percentage),
+                        d.leases.to_string(),
+                        d.pipe_dir.clone(),
+                    ]
+                })
+                .collect(),
+        )
+    }
+
+    pub fn leases_table(&self) -> String {
+        table(
+            &["CONTAINER", "NAMESPACE", "POD", "NAME", "DAEMON", "LIMITS", "PID"],
+            self.leases
+                .iter()
+                .map(|l| {
+                    vec![
+                        short(&l.container_id),
+                        l.namespace.clone(),
+                        l.pod.clone(),
+                        l.container_name.clone(),
+                        l.daemon.clone(),
+                        limits(l.memory_limit_bytes, l.active_thread_percentage),
+                        l.pid.to_string(),
+                    ]
+                })
+                .collect(),
+        )
+    }
+
+    pub fn summary(&self) -> String {
+        format!(
+            "gpu-mps-manager {}: policy {}, tenancy {}, {} GPU(s), {} daemon(s), {} lease(s)\n\n{}\n{}\n{}",
+            self.manager_version,
+            self.policy,
+            self.tenancy,
+            self.gpus.len(),
+            self.daemons.len(),
+            self.leases.len(),
+            self.gpus_table(),
+            self.daemons_table(),
+            self.leases_table()
+        )
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn tables_align_and_show_limits() {
+        let mut s = proto::StatusResponse::new();
+        s.policy = "uniform".into();
+        let mut d = proto::Daemon::new();
+        d.key = "GPU-0".into();
+        d.state = "running".into();
+        d.memory_limit_bytes = 4 << 30;
+        d.active_thread_percentage = 25;
+        d.leases = 2;
+        s.daemons.push(d);
+        let view = StatusView::from(&s);
+        let t = view.daemons_table();
+        assert!(t.contains("4Gi/25%"), "{t}");
+        assert!(t.lines().next().unwrap().starts_with("DAEMON"));
+        let json = serde_json::to_value(&view).unwrap();
+        assert_eq!(json["daemons"][0]["leases"], 2);
+        assert_eq!(json["policy"], "uniform");
+    }
+}
