@@ -173,7 +173,12 @@ impl MpsControl for CliControl {
         };
         let io = async {
             if let Some(mut stdin) = child.stdin.take() {
-                stdin.write_all(format!("{command}\n").as_bytes()).await?;
+                // Without a daemon the CLI exits before reading stdin: a broken pipe here is
+                // not the error, its exit status and output are.
+                match stdin.write_all(format!("{command}\n").as_bytes()).await {
+                    Err(e) if e.kind() != std::io::ErrorKind::BrokenPipe => return Err(e),
+                    _ => {}
+                }
             }
             child.wait_with_output().await
         };

@@ -1,0 +1,147 @@
+//! /proc/self/mountinfo lines (proc(5)): which mount a path is on, with which options.
+
+use serde_json::{Value, json};
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Mount {
+    pub mount_id: u64,
+    pub parent_id: u64,
+    pub major_minor: String,
+    pub root: String,
+    pub mount_point: String,
+    /// Per-mount options (`ro,nosuid,nodev,noexec,relatime`).
+    pub options: String,
+    pub fstype: String,
+    pub source: String,
+    /// Superblock options (`rw,size=65536k,...`).
+    pub super_options: String,
+}
+
+impl Mount {
+    pub fn to_json(&self) -> Value {
+        json!({
+            "mount_id": self.mount_id,
+            "parent_id": self.parent_id,
+            "major_minor": self.major_minor,
+            "root": self.root,
+            "mount_point": self.mount_point,
+            "options": self.options,
+            "fstype": self.fstype,
+            "source": self.source,
+            "super_options": self.super_options,
+        })
+    }
+}
+
+/// `36 35 98:0 /mnt1 /mnt2 rw,noatime master:1 - ext3 /dev/root rw,errors=continue`
+pub fn parse_line(line: &str) -> Option<Mount> {
+    let (left, right) = line.split_once(" - ")?;
+    let left: Vec<&str> = left.split(' ').collect();
+    let right: Vec<&str> = right.split(' ').collect();
+    if left.len() < 6 || right.len() < 3 {
+        return None;
+    }
+    Some(Mount {
+        mount_id: left[0].parse().ok()?,
+        parent_id: left[1].parse().ok()?,
+        major_minor: left[2].to_string(),
+        root: unescape(left[3]),
+        mount_point: unescape(left[4]),
+        options: left[5].to_string(),
+        fstype: right[0].to_string(),
+        source: unescape(right[1]),
+        super_options: right[2].to_string(),
+    })
+}
+
+pub fn parse(text: &str) -> Vec<Mount> {
+    text.lines().filter_map(parse_line).collect()
+}
+
+/// The mount that `path` (absolute, symlinks resolved) is on: the deepest mount point above it,
+/// the last one listed when several are stacked on the same point (that one is visible).
+pub fn containing<'a>(mounts: &'a [Mount], path: &str) -> Option<&'a Mount> {
+    let mut best: Option<&Mount> = None;
+    for m in mounts {
+        let covers = m.mount_point == "/"
+            || path == m.mount_point
+            || path
+                .strip_prefix(m.mount_point.as_str())
+                .is_some_and(|rest| rest.starts_with('/'));
+        if covers && best.is_none_or(|b| m.mount_point.len() >= b.mount_point.len()) {
+            best = Some(m);
+        }
+    }
+    best
+}
+
+/// Undoes the kernel's octal escapes (`\040` for a space, `\011`, `\012`, `\134`).
+fn unescape(field: &str) -> String {
+    let bytes = field.as_bytes();
+    let mut out = Vec::with_capacity(bytes.len());
+    let mut i = 0;
+    while i < bytes.len() {
+        let octal = bytes
+            .get(i + 1..i + 4)
+            .filter(|d| bytes[i] == b'\\' && d.iter().all(|c| (b'0'..=b'7').contains(c)));
+        match octal {
+            Some(d) => {
+                let value = d.iter().fold(0u32, |acc, c| acc * 8 + u32::from(c - b'0'));
+                out.push(u8::try_from(value).unwrap_or(b'?'));
+                i += 4;
+            }
+            None => {
+                out.push(bytes[i]);
+                i += 1;
+            }
+        }
+    }
+    String::from_utf8_lossy(&out).into_owned()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const SAMPLE: &str = "\
+22 1 0:21 / / rw,relatime - overlay overlay rw,lowerdir=/l,upperdir=/u,workdir=/w
+23 22 0:22 / /proc rw,nosuid,nodev,noexec,relatime - proc proc rw
+24 22 0:23 / /dev rw,nosuid - tmpfs tmpfs rw,size=65536k,mode=755
+25 24 0:24 / /dev/shm rw,nosuid,nodev,noexec,relatime - tmpfs shm rw,size=65536k
+26 22 253:1 /run/gpu-mps/daemons/GPU-1/pipe /tmp/nvidia-mps ro,nosuid,nodev,noexec,relatime master:7 - ext4 /dev/vda1 rw
+27 22 0:25 / /with\\040space rw shared:3 master:4 - tmpfs my\\040src rw
+28 24 0:26 / /dev/shm rw,relatime - tmpfs shm2 rw
+";
+
+    #[test]
+    fn parses_fields_with_optional_tags_and_escapes() {
+        let mounts = parse(SAMPLE);
+        assert_eq!(mounts.len(), 7);
+        let pipe = &mounts[4];
+        assert_eq!(pipe.mount_id, 26);
+        assert_eq!(pipe.parent_id, 22);
+        assert_eq!(pipe.major_minor, "253:1");
+        assert_eq!(pipe.root, "/run/gpu-mps/daemons/GPU-1/pipe");
+        assert_eq!(pipe.mount_point, "/tmp/nvidia-mps");
+        assert_eq!(pipe.options, "ro,nosuid,nodev,noexec,relatime");
+        assert_eq!(pipe.fstype, "ext4");
+        assert_eq!(pipe.source, "/dev/vda1");
+        assert_eq!(pipe.super_options, "rw");
+        assert_eq!(mounts[5].mount_point, "/with space");
+        assert_eq!(mounts[5].source, "my src");
+        assert_eq!(parse_line("garbage"), None);
+    }
+
+    #[test]
+    fn finds_the_visible_mount_of_a_path() {
+        let mounts = parse(SAMPLE);
+        assert_eq!(containing(&mounts, "/dev/shm").map(|m| m.mount_id), Some(28));
+        assert_eq!(containing(&mounts, "/dev/shm/x").map(|m| m.mount_id), Some(28));
+        assert_eq!(containing(&mounts, "/dev/shmx").map(|m| m.mount_id), Some(24));
+        assert_eq!(
+            containing(&mounts, "/tmp/nvidia-mps/control").map(|m| m.mount_id),
+            Some(26)
+        );
+        assert_eq!(containing(&mounts, "/tmp").map(|m| m.mount_id), Some(22));
+    }
+}

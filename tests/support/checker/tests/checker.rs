@@ -1,0 +1,255 @@
+//! Runs the built checker on the host and parses what it prints.
+
+use std::io::{BufRead, BufReader, Read, Write};
+use std::os::fd::AsRawFd;
+use std::os::unix::net::UnixListener;
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+use nix::sys::signal::{Signal, kill};
+use nix::sys::socket::{self, AddressFamily, Backlog, SockFlag, SockType, UnixAddr};
+use nix::unistd::Pid;
+use serde_json::{Value, json};
+
+const BIN: &str = env!("CARGO_BIN_EXE_gpu-mps-checker");
+
+/// Runs the checker; returns (exit code, the one JSON object it printed).
+fn run(args: &[&str], env: &[(&str, &str)]) -> (i32, Value) {
+    let out = Command::new(BIN)
+        .args(args)
+        .envs(env.iter().copied())
+        .output()
+        .expect("run checker");
+    let stdout = String::from_utf8(out.stdout).expect("utf8");
+    assert_eq!(stdout.lines().count(), 1, "exactly one line: {stdout:?}");
+    let value = serde_json::from_str(&stdout).expect("json");
+    (out.status.code().unwrap_or(-1), value)
+}
+
+#[test]
+fn report_describes_the_host() {
+    let (code, v) = run(
+        &["report"],
+        &[
+            ("CUDA_GPU_MPS_CHECKER_TEST", "yes"),
+            ("NVIDIA_VISIBLE_DEVICES", "none"),
+        ],
+    );
+    assert_eq!(code, 0);
+    assert_eq!(v["uid"], json!(nix::unistd::getuid().as_raw()));
+    assert_eq!(v["gid"], json!(nix::unistd::getgid().as_raw()));
+    assert!(v["pid"].as_u64().is_some());
+    assert!(
+        v["cap_eff"].as_str().is_some_and(|c| c.len() == 16),
+        "{}",
+        v["cap_eff"]
+    );
+    assert_eq!(v["env"]["CUDA_GPU_MPS_CHECKER_TEST"], "yes");
+    assert_eq!(v["env"]["NVIDIA_VISIBLE_DEVICES"], "none");
+    assert!(v["env"].get("PATH").is_none());
+    for ns in ["ipc", "pid", "mnt", "net", "uts", "user"] {
+        let link = v["namespaces"][ns].as_str().expect(ns);
+        assert!(link.starts_with(&format!("{ns}:[")), "{link}");
+    }
+    let mine = std::fs::read_link("/proc/self/ns/mnt").expect("ns");
+    assert_eq!(v["namespaces"]["mnt"], json!(mine.to_string_lossy()));
+    assert_eq!(
+        v["hostname"],
+        json!(
+            std::fs::read_to_string("/proc/sys/kernel/hostname")
+                .expect("hostname")
+                .trim()
+        )
+    );
+
+    let pipe = &v["mps_pipe_dir"];
+    assert_eq!(pipe["path"], "/tmp/nvidia-mps");
+    for key in ["exists", "is_mount_point", "control_exists", "control_is_socket"] {
+        assert!(pipe[key].is_boolean(), "{key}: {pipe}");
+    }
+    assert!(pipe["create_file"].is_string(), "{pipe}");
+    if !std::path::Path::new("/tmp/nvidia-mps").exists() {
+        assert_eq!(pipe["create_file"], "ENOENT");
+    }
+
+    let shm = &v["dev_shm"];
+    let marker = shm["marker"].as_str().expect("marker");
+    assert!(marker.starts_with("/dev/shm/gpu-mps-checker-"), "{marker}");
+    if shm["marker_created"] == json!(true) {
+        // Same /dev/shm as ours: the marker is here. Clean it up.
+        assert!(std::path::Path::new(marker).exists());
+        std::fs::remove_file(marker).expect("remove marker");
+        let st_dev = std::os::unix::fs::MetadataExt::dev(&std::fs::metadata("/dev/shm").expect("shm"));
+        assert_eq!(shm["st_dev"], json!(st_dev));
+        assert!(shm["mount"]["fstype"].is_string(), "{shm}");
+        assert!(shm["mount"]["mount_id"].is_u64(), "{shm}");
+    }
+
+    let smi = v["nvidia_smi"].as_object().expect("nvidia_smi");
+    assert_eq!(smi.len(), 5);
+    for (path, entry) in smi {
+        let exists = std::path::Path::new(path).exists();
+        assert_eq!(entry["exists"], json!(exists), "{path}");
+        assert!(entry["masked"].is_boolean());
+    }
+}
+
+#[test]
+fn exit_returns_the_code() {
+    let (code, v) = run(&["exit", "3"], &[]);
+    assert_eq!(code, 3);
+    assert_eq!(v["exit_code"], 3);
+}
+
+#[test]
+fn pid_and_sleep() {
+    let (code, v) = run(&["pid"], &[]);
+    assert_eq!(code, 0);
+    assert!(v["pid"].as_u64().is_some_and(|p| p > 1));
+    let (code, v) = run(&["sleep", "0.1"], &[]);
+    assert_eq!(code, 0);
+    assert_eq!(v["sleep_seconds"], 0.1);
+}
+
+#[test]
+fn bad_arguments_are_exit_2_with_json() {
+    for args in [
+        &["frobnicate"][..],
+        &["exit", "x"],
+        &["sleep"],
+        &["mps-client", "--hold-seconds", "-1"],
+        &[],
+    ] {
+        let (code, v) = run(args, &[]);
+        assert_eq!(code, 2, "{args:?}");
+        assert!(v["error"].as_str().is_some_and(|e| e.contains("usage")), "{v}");
+    }
+}
+
+#[test]
+fn pause_exits_0_on_sigterm_and_sigint_at_once() {
+    for signal in [Signal::SIGTERM, Signal::SIGINT] {
+        let mut child = Command::new(BIN)
+            .arg("pause")
+            .stdout(Stdio::piped())
+            .spawn()
+            .expect("spawn");
+        let mut line = String::new();
+        BufReader::new(child.stdout.take().expect("stdout"))
+            .read_line(&mut line)
+            .expect("read");
+        let v: Value = serde_json::from_str(&line).expect("json");
+        assert_eq!(v["paused"], true);
+        // Not on the first signal of another kind.
+        kill(Pid::from_raw(child.id() as i32), Signal::SIGCHLD).expect("kill");
+        std::thread::sleep(Duration::from_millis(50));
+        assert!(
+            child.try_wait().expect("try_wait").is_none(),
+            "pause exited on SIGCHLD"
+        );
+        let sent = Instant::now();
+        kill(Pid::from_raw(child.id() as i32), signal).expect("kill");
+        let status = child.wait().expect("wait");
+        assert!(status.success(), "{signal}: {status}");
+        assert!(sent.elapsed() < Duration::from_secs(1));
+    }
+}
+
+#[test]
+fn mps_client_without_daemon_is_not_connected() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let pipe = dir.path().to_str().expect("utf8");
+    let (code, v) = run(&["mps-client"], &[("CUDA_MPS_PIPE_DIRECTORY", pipe)]);
+    assert_eq!(code, 1);
+    assert_eq!(v["connected"], false);
+    assert_eq!(v["pipe_dir_used"], pipe);
+    assert!(v["error"].as_str().is_some_and(|e| e.contains("ENOENT")), "{v}");
+}
+
+#[test]
+fn mps_client_uses_the_default_pipe_dir_when_unset() {
+    let out = Command::new(BIN)
+        .arg("mps-client")
+        .env_remove("CUDA_MPS_PIPE_DIRECTORY")
+        .output()
+        .expect("run");
+    let v: Value = serde_json::from_slice(&out.stdout).expect("json");
+    assert_eq!(v["pipe_dir_used"], "/tmp/nvidia-mps");
+}
+
+/// A stand-in daemon: one SEQPACKET listener that answers one client and reports what the client
+/// sent and how long it held the connection.
+#[test]
+fn mps_client_speaks_the_protocol_and_holds_the_connection() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let control = dir.path().join("control");
+    let fd = socket::socket(
+        AddressFamily::Unix,
+        SockType::SeqPacket,
+        SockFlag::SOCK_CLOEXEC,
+        None,
+    )
+    .expect("socket");
+    socket::bind(fd.as_raw_fd(), &UnixAddr::new(&control).expect("addr")).expect("bind");
+    socket::listen(&fd, Backlog::new(4).expect("backlog")).expect("listen");
+    let listener = UnixListener::from(fd);
+    let daemon = std::thread::spawn(move || {
+        let (stream, _) = listener.accept().expect("accept");
+        let mut buf = [0u8; 256];
+        let n = (&stream).read(&mut buf).expect("read hello");
+        let hello = String::from_utf8_lossy(&buf[..n]).into_owned();
+        (&stream)
+            .write_all(b"SERVER 607 THREADS 25.0 MEM 0=4G,1=3000M\n")
+            .expect("answer");
+        let answered = Instant::now();
+        assert_eq!((&stream).read(&mut buf).expect("read eof"), 0);
+        (hello, answered.elapsed())
+    });
+
+    let pipe = dir.path().to_str().expect("utf8");
+    let mut child = Command::new(BIN)
+        .args(["mps-client", "--hold-seconds", "1"])
+        .env("CUDA_MPS_PIPE_DIRECTORY", pipe)
+        .stdout(Stdio::piped())
+        .spawn()
+        .expect("spawn");
+    let mut out = String::new();
+    child
+        .stdout
+        .take()
+        .expect("stdout")
+        .read_to_string(&mut out)
+        .expect("read");
+    let status = child.wait().expect("wait");
+    assert!(status.success());
+    let v: Value = serde_json::from_str(&out).expect("json");
+    assert_eq!(v["connected"], true);
+    assert_eq!(v["server_pid"], 607);
+    assert_eq!(v["threads"], "25.0");
+    assert_eq!(v["mem"], json!({"0": "4G", "1": "3000M"}));
+    assert_eq!(v["pipe_dir_used"], pipe);
+    assert_eq!(v["error"], Value::Null);
+
+    let (hello, held) = daemon.join().expect("daemon thread");
+    let uid = nix::unistd::getuid().as_raw();
+    assert_eq!(hello, format!("CLIENT {} {uid}", child.id()));
+    assert!(held >= Duration::from_millis(900), "held only {held:?}");
+}
+
+#[test]
+fn sleep_is_cut_short_by_sigterm() {
+    let mut child = Command::new(BIN)
+        .args(["sleep", "30"])
+        .stdout(Stdio::piped())
+        .spawn()
+        .expect("spawn");
+    let mut line = String::new();
+    BufReader::new(child.stdout.take().expect("stdout"))
+        .read_line(&mut line)
+        .expect("read");
+    let sent = Instant::now();
+    kill(Pid::from_raw(child.id() as i32), Signal::SIGTERM).expect("kill");
+    let status = child.wait().expect("wait");
+    assert_eq!(status.code(), Some(128 + 15));
+    assert!(sent.elapsed() < Duration::from_secs(1));
+}
