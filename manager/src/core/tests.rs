@@ -15,12 +15,15 @@ use crate::gpu_backend::FileBackend;
 
 const GIB: u64 = 1 << 30;
 
+/// A fake server: thread percentage, memory limit per device, client pids.
+type FakeServer = (String, BTreeMap<String, String>, Vec<u32>);
+
 #[derive(Default)]
 struct FakeDaemon {
     child: Option<Child>,
     default_threads: String,
     default_mem: BTreeMap<String, String>,
-    servers: BTreeMap<u32, (String, BTreeMap<String, String>, Vec<u32>)>,
+    servers: BTreeMap<u32, FakeServer>,
 }
 
 /// In-memory stand-in for nvidia-cuda-mps-control.

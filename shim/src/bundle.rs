@@ -1,0 +1,166 @@
+//! The shim's file system work: read a bundle's config.json, replace it atomically, and create
+//! the daemon's pipe dir that runc bind-mounts.
+
+use std::fs::{self, DirBuilder, File, OpenOptions};
+use std::io::{self, Write};
+use std::os::unix::fs::{DirBuilderExt, MetadataExt, OpenOptionsExt, PermissionsExt};
+use std::path::{Path, PathBuf};
+
+use thiserror::Error;
+
+pub const CONFIG_FILE: &str = "config.json";
+/// Mode of each pipe dir component the shim creates: non-root clients must traverse it.
+pub const PIPE_DIR_MODE: u32 = 0o755;
+
+#[derive(Debug, Error)]
+pub enum BundleError {
+    #[error("cannot read {path}: {source}")]
+    Read { path: PathBuf, source: io::Error },
+    #[error("cannot write {path}: {source}")]
+    Write { path: PathBuf, source: io::Error },
+    #[error("cannot create the MPS pipe dir {path}: {source}")]
+    PipeDir { path: PathBuf, source: io::Error },
+}
+
+pub fn config_path(bundle: &Path) -> PathBuf {
+    bundle.join(CONFIG_FILE)
+}
+
+pub fn read_config(bundle: &Path) -> Result<String, BundleError> {
+    let path = config_path(bundle);
+    fs::read_to_string(&path).map_err(|source| BundleError::Read { path, source })
+}
+
+/// Replaces config.json with `text`: a temp file in the bundle dir with the original's mode
+/// and owner, fsynced, renamed over config.json, then the dir fsynced. runc never sees a
+/// partial file, and a crash leaves the old or the new spec.
+pub fn write_config_atomically(bundle: &Path, text: &str) -> Result<(), BundleError> {
+    let path = config_path(bundle);
+    let tmp = bundle.join(format!(".{CONFIG_FILE}.gpu-mps-shim.{}.tmp", std::process::id()));
+    let result = write_replacing(&path, &tmp, text.as_bytes());
+    if result.is_err() {
+        let _ = fs::remove_file(&tmp);
+    }
+    result.map_err(|source| BundleError::Write { path, source })
+}
+
+fn write_replacing(path: &Path, tmp: &Path, bytes: &[u8]) -> io::Result<()> {
+    let original = fs::metadata(path)?;
+    let mode = original.permissions().mode() & 0o7777;
+    // A leftover from a shim killed mid-write with the same pid.
+    match fs::remove_file(tmp) {
+        Err(e) if e.kind() != io::ErrorKind::NotFound => return Err(e),
+        _ => {}
+    }
+    let mut file = OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .mode(mode)
+        .open(tmp)?;
+    // The umask may have narrowed the mode; chown before chmod so that set-id bits survive.
+    let created = file.metadata()?;
+    if (created.uid(), created.gid()) != (original.uid(), original.gid()) {
+        std::os::unix::fs::fchown(&file, Some(original.uid()), Some(original.gid()))?;
+    }
+    file.set_permissions(fs::Permissions::from_mode(mode))?;
+    file.write_all(bytes)?;
+    file.sync_all()?;
+    drop(file);
+    fs::rename(tmp, path)?;
+    if let Some(dir) = path.parent() {
+        let dir = if dir.as_os_str().is_empty() {
+            Path::new(".")
+        } else {
+            dir
+        };
+        File::open(dir)?.sync_all()?;
+    }
+    Ok(())
+}
+
+/// `mkdir -p` with mode 0755 on each component it creates, whatever the umask.
+pub fn create_pipe_dir(path: &Path) -> Result<(), BundleError> {
+    let err = |source| BundleError::PipeDir {
+        path: path.to_path_buf(),
+        source,
+    };
+    let missing: Vec<&Path> = path
+        .ancestors()
+        .take_while(|p| !p.as_os_str().is_empty() && !p.is_dir())
+        .collect();
+    for dir in missing.into_iter().rev() {
+        match DirBuilder::new().mode(PIPE_DIR_MODE).create(dir) {
+            Ok(()) => fs::set_permissions(dir, fs::Permissions::from_mode(PIPE_DIR_MODE)).map_err(err)?,
+            // Another create for the same daemon made it first.
+            Err(e) if e.kind() == io::ErrorKind::AlreadyExists && dir.is_dir() => {}
+            Err(e) => return Err(err(e)),
+        }
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn mode(path: &Path) -> u32 {
+        fs::metadata(path).unwrap().permissions().mode() & 0o7777
+    }
+
+    #[test]
+    fn replaces_config_keeping_its_mode() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = config_path(dir.path());
+        fs::write(&path, "{}").unwrap();
+        fs::set_permissions(&path, fs::Permissions::from_mode(0o600)).unwrap();
+        write_config_atomically(dir.path(), "{\"a\":1}\n").unwrap();
+        assert_eq!(read_config(dir.path()).unwrap(), "{\"a\":1}\n");
+        assert_eq!(mode(&path), 0o600);
+        fs::set_permissions(&path, fs::Permissions::from_mode(0o644)).unwrap();
+        write_config_atomically(dir.path(), "{}").unwrap();
+        assert_eq!(mode(&path), 0o644);
+        let names: Vec<_> = fs::read_dir(dir.path())
+            .unwrap()
+            .map(|e| e.unwrap().file_name())
+            .collect();
+        assert_eq!(names, [CONFIG_FILE], "no temp file is left behind");
+    }
+
+    #[test]
+    fn a_missing_config_is_an_error_naming_it() {
+        let dir = tempfile::tempdir().unwrap();
+        let e = read_config(dir.path()).unwrap_err().to_string();
+        assert!(e.contains("config.json"), "{e}");
+        let e = write_config_atomically(dir.path(), "{}").unwrap_err().to_string();
+        assert!(e.contains("config.json"), "{e}");
+        assert_eq!(fs::read_dir(dir.path()).unwrap().count(), 0);
+    }
+
+    #[test]
+    fn pipe_dir_components_are_0755() {
+        let dir = tempfile::tempdir().unwrap();
+        fs::set_permissions(dir.path(), fs::Permissions::from_mode(0o700)).unwrap();
+        let pipe = dir.path().join("root/daemons/GPU-a/pipe");
+        create_pipe_dir(&pipe).unwrap();
+        for p in [
+            "root",
+            "root/daemons",
+            "root/daemons/GPU-a",
+            "root/daemons/GPU-a/pipe",
+        ] {
+            assert_eq!(mode(&dir.path().join(p)), 0o755, "{p}");
+        }
+        assert_eq!(mode(dir.path()), 0o700, "existing components are left alone");
+        create_pipe_dir(&pipe).unwrap();
+    }
+
+    #[test]
+    fn pipe_dir_under_a_file_fails() {
+        let dir = tempfile::tempdir().unwrap();
+        fs::write(dir.path().join("file"), "").unwrap();
+        let e = create_pipe_dir(&dir.path().join("file/pipe"))
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("file/pipe"), "{e}");
+    }
+}

@@ -1,0 +1,155 @@
+//! From config.json text to what `create` will do, without I/O: pass the spec through, or the
+//! new spec with the daemon, limits and hook arguments. The binary and `gpu-mps explain` both
+//! call this, so explain shows exactly what the shim does.
+
+use std::collections::HashMap;
+
+use gpu_mps_api::annotations::CRI_CONTAINER_TYPE;
+use gpu_mps_api::hook_invocation::AcquireArgs;
+use gpu_mps_api::inventory::Inventory;
+use gpu_mps_api::{DaemonKey, Limits, NodeConfig};
+use serde_json::Value;
+
+use crate::error::ShimError;
+use crate::gpu_devices::{self, DeviceRequest, VISIBLE_DEVICES_ENV};
+use crate::request::{self, CriIdentity, ResolvedLimits, ResolvedRequest};
+use crate::rewrite::{self, RewriteError};
+use crate::spec_fields;
+
+/// What the shim does with one config.json.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RewritePlan {
+    /// `None`: passthrough, config.json is not written. `Some`: the new config.json, as
+    /// written (pretty-printed, two-space indent, trailing newline).
+    pub rewritten: Option<String>,
+    pub daemon: Option<DaemonKey>,
+    pub limits: Option<Limits>,
+    /// The limits and where each one came from (annotation or node default).
+    pub resolved_limits: Option<ResolvedLimits>,
+    pub acquire: Option<AcquireArgs>,
+    /// One line saying why, for debug logs and `gpu-mps explain`.
+    pub reason: String,
+}
+
+/// A parsed config.json and whether it asks for a GPU; what the shim needs to decide before it
+/// loads the node config or the inventory.
+#[derive(Debug, Clone)]
+pub struct ParsedSpec {
+    spec: Value,
+    annotations: HashMap<String, String>,
+    devices: Option<DeviceRequest>,
+    passthrough_reason: Option<String>,
+}
+
+/// Parses config.json text and finds its GPUs. A spec whose annotations, env or CDI device
+/// names are malformed is an error: the shim cannot tell whether it has a GPU.
+pub fn parse_spec(text: &str) -> Result<ParsedSpec, ShimError> {
+    let spec = spec_fields::parse(text)?;
+    let annotations = spec_fields::annotations(&spec)?;
+    if annotations
+        .get(CRI_CONTAINER_TYPE)
+        .is_some_and(|t| t == "sandbox")
+    {
+        let reason = format!("passthrough: sandbox container ({CRI_CONTAINER_TYPE}=sandbox) runs no CUDA");
+        return Ok(ParsedSpec {
+            spec,
+            annotations,
+            devices: None,
+            passthrough_reason: Some(reason),
+        });
+    }
+    let env = spec_fields::env(&spec)?;
+    let devices = gpu_devices::requested(&env, &annotations)?;
+    let passthrough_reason = devices.is_none().then(|| {
+        let visible = match gpu_devices::visible_devices(&env) {
+            Some(value) => format!("{VISIBLE_DEVICES_ENV}={value:?}"),
+            None => format!("no {VISIBLE_DEVICES_ENV}"),
+        };
+        format!(
+            "passthrough: no GPU ({visible}, no CDI {} device)",
+            gpu_devices::CDI_GPU_KIND
+        )
+    });
+    Ok(ParsedSpec {
+        spec,
+        annotations,
+        devices,
+        passthrough_reason,
+    })
+}
+
+impl ParsedSpec {
+    /// Whether the container got a GPU, so the node config and inventory are needed.
+    pub fn wants_gpu(&self) -> bool {
+        self.passthrough_reason.is_none()
+    }
+
+    /// Why the spec passes through untouched; `None` for a GPU container.
+    pub fn passthrough_reason(&self) -> Option<&str> {
+        self.passthrough_reason.as_deref()
+    }
+
+    /// Resolves the request against the node's config and GPUs and rewrites the spec.
+    pub fn plan(self, config: &NodeConfig, inventory: &Inventory) -> Result<RewritePlan, ShimError> {
+        let (Some(devices), None) = (&self.devices, &self.passthrough_reason) else {
+            let reason = self.passthrough_reason.unwrap_or_default();
+            return Ok(RewritePlan {
+                rewritten: None,
+                daemon: None,
+                limits: None,
+                resolved_limits: None,
+                acquire: None,
+                reason,
+            });
+        };
+        let identity = CriIdentity::from_annotations(&self.annotations);
+        let resolved =
+            request::resolve_limits(&self.annotations, &identity.container_name, config.default_limits)?;
+        let daemon = gpu_devices::resolve(devices, inventory)?;
+        let request = ResolvedRequest {
+            daemon: daemon.clone(),
+            limits: resolved.limits,
+            identity,
+        };
+        let mut spec = self.spec;
+        let acquire = rewrite::rewrite(&mut spec, &request, config)?;
+        let mut origins: Vec<String> = devices.devices.iter().map(|d| d.origin.to_string()).collect();
+        origins.dedup();
+        let reason = format!(
+            "rewrite: GPUs {daemon} from {}; limits {} (memory from {}, threads from {}); daemon {}",
+            origins.join(" and "),
+            resolved.limits,
+            resolved.memory_source,
+            resolved.threads_source,
+            daemon.dir_name(),
+        );
+        Ok(RewritePlan {
+            rewritten: Some(spec_text(&spec)?),
+            daemon: Some(daemon),
+            limits: Some(resolved.limits),
+            resolved_limits: Some(resolved),
+            acquire: Some(acquire),
+            reason,
+        })
+    }
+}
+
+/// What `create` does with `spec_text` on a node with `config` and `inventory`.
+pub fn plan_rewrite(
+    spec_text: &str,
+    config: &NodeConfig,
+    inventory: &Inventory,
+) -> Result<RewritePlan, ShimError> {
+    parse_spec(spec_text)?.plan(config, inventory)
+}
+
+/// The text of a rewritten config.json: pretty-printed so that a diff against containerd's
+/// compact original reads field by field once both are pretty-printed.
+pub fn spec_text(spec: &Value) -> Result<String, RewriteError> {
+    let mut text = serde_json::to_string_pretty(spec).map_err(|e| RewriteError::Build {
+        what: "config.json text",
+        message: e.to_string(),
+    })?;
+    text.push('\n');
+    Ok(text)
+}

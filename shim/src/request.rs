@@ -1,0 +1,379 @@
+//! The limits a container asks for, resolved per field from its annotations and the node
+//! default, and who is asking (namespace, pod, container) for the manager.
+//!
+//! Per field: `<container-name>.gpu-mps.io/<field>` (container-level), then `gpu-mps.io/<field>`
+//! (pod-level, or `ctr run --annotation`), then the node default.
+
+use std::collections::HashMap;
+use std::fmt;
+
+use gpu_mps_api::annotations::{
+    self, ACTIVE_THREAD_PERCENTAGE, CRI_CONTAINER_NAME, CRI_SANDBOX_NAME, CRI_SANDBOX_NAMESPACE, MEMORY_LIMIT,
+};
+use gpu_mps_api::limits::{self, LimitError};
+use gpu_mps_api::{DaemonKey, Limits};
+use thiserror::Error;
+
+/// Where the value of one limit came from.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum LimitSource {
+    /// `<container-name>.gpu-mps.io/<field>`; the key.
+    ContainerAnnotation(String),
+    /// `gpu-mps.io/<field>`; the key.
+    PodAnnotation(String),
+    NodeDefault,
+}
+
+impl fmt::Display for LimitSource {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            LimitSource::ContainerAnnotation(key) => write!(f, "container annotation {key}"),
+            LimitSource::PodAnnotation(key) => write!(f, "annotation {key}"),
+            LimitSource::NodeDefault => f.write_str("node default"),
+        }
+    }
+}
+
+/// The limits and where each came from.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ResolvedLimits {
+    pub limits: Limits,
+    pub memory_source: LimitSource,
+    pub threads_source: LimitSource,
+}
+
+/// Who the container is, from the CRI plugin's annotations; empty strings when absent (ctr).
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct CriIdentity {
+    pub namespace: String,
+    pub pod: String,
+    pub container_name: String,
+}
+
+impl CriIdentity {
+    pub fn from_annotations(annotations: &HashMap<String, String>) -> Self {
+        let get = |key: &str| annotations.get(key).cloned().unwrap_or_default();
+        CriIdentity {
+            namespace: get(CRI_SANDBOX_NAMESPACE),
+            pod: get(CRI_SANDBOX_NAME),
+            container_name: get(CRI_CONTAINER_NAME),
+        }
+    }
+}
+
+/// Everything the rewrite needs to know about one GPU container.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ResolvedRequest {
+    pub daemon: DaemonKey,
+    pub limits: Limits,
+    pub identity: CriIdentity,
+}
+
+#[derive(Debug, Error, PartialEq, Eq)]
+pub enum RequestError {
+    #[error("annotation {key}={value:?}: {error} (set it on the pod)")]
+    Invalid {
+        key: String,
+        value: String,
+        error: LimitError,
+    },
+    #[error(
+        "no {field} for {who}: set the pod annotation {pod_key} ({allowed}){container_hint}, or a node default ({config_key} in the gpu-mps node config)"
+    )]
+    Missing {
+        field: &'static str,
+        who: String,
+        pod_key: &'static str,
+        allowed: &'static str,
+        container_hint: String,
+        config_key: &'static str,
+    },
+}
+
+/// One limit field: its annotation, how to parse it, and how to explain it.
+struct Field<T> {
+    base: &'static str,
+    describe: &'static str,
+    allowed: &'static str,
+    config_key: &'static str,
+    parse: fn(&str) -> Result<T, LimitError>,
+    default: fn(&Limits) -> T,
+}
+
+const MEMORY: Field<u64> = Field {
+    base: MEMORY_LIMIT,
+    describe: "memory limit",
+    allowed: "a Kubernetes quantity of at least 64Mi, e.g. 4Gi",
+    config_key: "limits.default_memory_limit",
+    parse: limits::parse_memory_limit,
+    default: |l| l.memory_bytes,
+};
+
+const THREADS: Field<u8> = Field {
+    base: ACTIVE_THREAD_PERCENTAGE,
+    describe: "active thread percentage",
+    allowed: "a whole number from 1 to 100",
+    config_key: "limits.default_active_thread_percentage",
+    parse: limits::parse_thread_percentage,
+    default: |l| l.thread_percentage,
+};
+
+/// Resolves both limits; `container_name` is empty when the spec does not come from CRI.
+pub fn resolve_limits(
+    annotations: &HashMap<String, String>,
+    container_name: &str,
+    node_default: Option<Limits>,
+) -> Result<ResolvedLimits, RequestError> {
+    let (memory_bytes, memory_source) = resolve_field(&MEMORY, annotations, container_name, node_default)?;
+    let (thread_percentage, threads_source) =
+        resolve_field(&THREADS, annotations, container_name, node_default)?;
+    Ok(ResolvedLimits {
+        limits: Limits {
+            memory_bytes,
+            thread_percentage,
+        },
+        memory_source,
+        threads_source,
+    })
+}
+
+fn resolve_field<T>(
+    field: &Field<T>,
+    annotations: &HashMap<String, String>,
+    container_name: &str,
+    node_default: Option<Limits>,
+) -> Result<(T, LimitSource), RequestError> {
+    let mut keys = Vec::with_capacity(2);
+    if !container_name.is_empty() {
+        keys.push((annotations::container_key(container_name, field.base), true));
+    }
+    keys.push((field.base.to_string(), false));
+    for (key, container_level) in keys {
+        if let Some(value) = annotations.get(&key) {
+            let parsed = (field.parse)(value).map_err(|error| RequestError::Invalid {
+                key: key.clone(),
+                value: value.clone(),
+                error,
+            })?;
+            let source = if container_level {
+                LimitSource::ContainerAnnotation(key)
+            } else {
+                LimitSource::PodAnnotation(key)
+            };
+            return Ok((parsed, source));
+        }
+    }
+    match node_default {
+        Some(limits) => Ok(((field.default)(&limits), LimitSource::NodeDefault)),
+        None => Err(RequestError::Missing {
+            field: field.describe,
+            who: if container_name.is_empty() {
+                "this container".into()
+            } else {
+                format!("container {container_name:?}")
+            },
+            pod_key: field.base,
+            allowed: field.allowed,
+            container_hint: if container_name.is_empty() {
+                String::new()
+            } else {
+                format!(
+                    " or {} for this container only",
+                    annotations::container_key(container_name, field.base)
+                )
+            },
+            config_key: field.config_key,
+        }),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const GI: u64 = 1 << 30;
+
+    fn annotations(pairs: &[(&str, &str)]) -> HashMap<String, String> {
+        pairs
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect()
+    }
+
+    fn default() -> Option<Limits> {
+        Some(Limits {
+            memory_bytes: 2 * GI,
+            thread_percentage: 10,
+        })
+    }
+
+    #[test]
+    fn container_then_pod_then_node_default_per_field() {
+        use LimitSource::*;
+        let pod = |k: &str| PodAnnotation(k.to_string());
+        let ctr = |k: &str| ContainerAnnotation(k.to_string());
+        /// Annotations, node default -> memory, threads, and where each came from.
+        type Case<'a> = (
+            &'a [(&'a str, &'a str)],
+            Option<Limits>,
+            u64,
+            u8,
+            LimitSource,
+            LimitSource,
+        );
+        let cases: &[Case] = &[
+            (
+                &[(MEMORY_LIMIT, "4Gi"), (ACTIVE_THREAD_PERCENTAGE, "25")],
+                None,
+                4 * GI,
+                25,
+                pod(MEMORY_LIMIT),
+                pod(ACTIVE_THREAD_PERCENTAGE),
+            ),
+            (
+                &[
+                    (MEMORY_LIMIT, "4Gi"),
+                    (ACTIVE_THREAD_PERCENTAGE, "25"),
+                    ("infer.gpu-mps.io/memory-limit", "8Gi"),
+                ],
+                None,
+                8 * GI,
+                25,
+                ctr("infer.gpu-mps.io/memory-limit"),
+                pod(ACTIVE_THREAD_PERCENTAGE),
+            ),
+            (
+                &[("infer.gpu-mps.io/active-thread-percentage", "50")],
+                default(),
+                2 * GI,
+                50,
+                NodeDefault,
+                ctr("infer.gpu-mps.io/active-thread-percentage"),
+            ),
+            (&[], default(), 2 * GI, 10, NodeDefault, NodeDefault),
+            // Another container's annotation is not this one's.
+            (
+                &[("sidecar.gpu-mps.io/memory-limit", "8Gi")],
+                default(),
+                2 * GI,
+                10,
+                NodeDefault,
+                NodeDefault,
+            ),
+        ];
+        for (pairs, node_default, memory, threads, memory_source, threads_source) in cases {
+            let r = resolve_limits(&annotations(pairs), "infer", *node_default).unwrap();
+            assert_eq!(
+                r.limits,
+                Limits {
+                    memory_bytes: *memory,
+                    thread_percentage: *threads
+                },
+                "{pairs:?}"
+            );
+            assert_eq!(&r.memory_source, memory_source, "{pairs:?}");
+            assert_eq!(&r.threads_source, threads_source, "{pairs:?}");
+        }
+    }
+
+    #[test]
+    fn without_a_container_name_only_pod_keys_count() {
+        let a = annotations(&[(".gpu-mps.io/memory-limit", "8Gi"), (MEMORY_LIMIT, "4Gi")]);
+        let r = resolve_limits(&a, "", default()).unwrap();
+        assert_eq!(r.limits.memory_bytes, 4 * GI);
+    }
+
+    #[test]
+    fn invalid_values_name_the_annotation_the_value_and_what_is_allowed() {
+        let cases: &[(&str, &str, &str)] = &[
+            (
+                MEMORY_LIMIT,
+                "4GB",
+                "has unknown suffix \"GB\": allowed are Ki, Mi, Gi",
+            ),
+            (MEMORY_LIMIT, "4096", "below the minimum memory limit of 64Mi"),
+            (MEMORY_LIMIT, "lots", "is not a quantity"),
+            (MEMORY_LIMIT, "", "is not a quantity"),
+            (MEMORY_LIMIT, "1.5", "not a whole number of bytes"),
+            (
+                ACTIVE_THREAD_PERCENTAGE,
+                "0",
+                "expected a whole number from 1 to 100",
+            ),
+            (
+                ACTIVE_THREAD_PERCENTAGE,
+                "101",
+                "expected a whole number from 1 to 100",
+            ),
+            (
+                ACTIVE_THREAD_PERCENTAGE,
+                "25%",
+                "expected a whole number from 1 to 100",
+            ),
+            (
+                "infer.gpu-mps.io/memory-limit",
+                "8GB",
+                "has unknown suffix \"GB\"",
+            ),
+            (
+                "infer.gpu-mps.io/active-thread-percentage",
+                "half",
+                "expected a whole number from 1 to 100",
+            ),
+        ];
+        for (key, value, allowed) in cases {
+            let e = resolve_limits(&annotations(&[(key, value)]), "infer", default())
+                .unwrap_err()
+                .to_string();
+            let named = format!("annotation {key}={value:?}: ");
+            assert!(e.starts_with(&named), "{e}");
+            assert!(e.contains(allowed) && e.ends_with("(set it on the pod)"), "{e}");
+            assert!(!e.contains('\n'), "{e}");
+        }
+        let e = resolve_limits(&annotations(&[(MEMORY_LIMIT, "4GB")]), "infer", default()).unwrap_err();
+        assert_eq!(
+            e.to_string(),
+            "annotation gpu-mps.io/memory-limit=\"4GB\": \"4GB\" has unknown suffix \"GB\": \
+             allowed are Ki, Mi, Gi, Ti, Pi, k, M, G, T, P (set it on the pod)"
+        );
+    }
+
+    #[test]
+    fn a_missing_limit_says_where_to_set_it() {
+        let e = resolve_limits(&annotations(&[(MEMORY_LIMIT, "4Gi")]), "infer", None)
+            .unwrap_err()
+            .to_string();
+        assert_eq!(
+            e,
+            "no active thread percentage for container \"infer\": set the pod annotation \
+             gpu-mps.io/active-thread-percentage (a whole number from 1 to 100) or \
+             infer.gpu-mps.io/active-thread-percentage for this container only, or a node default \
+             (limits.default_active_thread_percentage in the gpu-mps node config)"
+        );
+        let e = resolve_limits(&HashMap::new(), "", None).unwrap_err().to_string();
+        assert_eq!(
+            e,
+            "no memory limit for this container: set the pod annotation gpu-mps.io/memory-limit \
+             (a Kubernetes quantity of at least 64Mi, e.g. 4Gi), or a node default \
+             (limits.default_memory_limit in the gpu-mps node config)"
+        );
+    }
+
+    #[test]
+    fn identity_comes_from_cri_annotations() {
+        let a = annotations(&[
+            (CRI_SANDBOX_NAMESPACE, "team-a"),
+            (CRI_SANDBOX_NAME, "infer-7d9f"),
+            (CRI_CONTAINER_NAME, "infer"),
+        ]);
+        let id = CriIdentity::from_annotations(&a);
+        assert_eq!(
+            (id.namespace.as_str(), id.pod.as_str(), id.container_name.as_str()),
+            ("team-a", "infer-7d9f", "infer")
+        );
+        assert_eq!(
+            CriIdentity::from_annotations(&HashMap::new()),
+            CriIdentity::default()
+        );
+    }
+}
