@@ -4,6 +4,7 @@
 pub mod admission;
 pub mod compute_mode;
 pub mod core;
+pub mod explain;
 pub mod gpu_backend;
 pub mod lease;
 pub mod mps_control;

@@ -1,10 +1,9 @@
 //! gpu-mps-manager: the node daemon of gpu-mps.
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
 
-use anyhow::Context;
 use clap::Parser;
 use gpu_mps_api::node_config::{self, NodeConfig};
 use gpu_mps_manager::core::ManagerCore;
@@ -47,15 +46,11 @@ fn init_logging(format: &str) {
     }
 }
 
-fn load_config(path: &PathBuf) -> anyhow::Result<NodeConfig> {
-    match std::fs::read_to_string(path) {
-        Ok(text) => Ok(NodeConfig::from_toml(&text, path)?),
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
-            tracing::warn!(path = %path.display(), "no config file: built-in defaults (containers must then set both limits)");
-            Ok(NodeConfig::default())
-        }
-        Err(e) => Err(e).with_context(|| format!("reading {}", path.display())),
+fn load_config(path: &Path) -> anyhow::Result<NodeConfig> {
+    if !path.exists() {
+        tracing::warn!(path = %path.display(), "no config file: built-in defaults (containers must then set both limits)");
     }
+    Ok(gpu_mps_shim::node_files::load_config(path)?)
 }
 
 #[tokio::main]

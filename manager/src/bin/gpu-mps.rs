@@ -4,11 +4,41 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 use std::time::Duration;
 
+use std::path::Path;
+
 use anyhow::Context;
 use clap::{Parser, Subcommand};
 use gpu_mps_api::client::ManagerConnection;
 use gpu_mps_api::node_config::{self, NodeConfig};
+use gpu_mps_manager::explain::explain_rewrite;
 use gpu_mps_manager::status_view::StatusView;
+use gpu_mps_shim::node_files::{load_config as load_node_config, load_inventory};
+
+fn load_config(path: &Path) -> anyhow::Result<NodeConfig> {
+    Ok(load_node_config(path)?)
+}
+
+fn explain(bundle: &Path, config: &NodeConfig, inventory_path: &Path) -> anyhow::Result<String> {
+    let spec_path = bundle.join("config.json");
+    let spec =
+        std::fs::read_to_string(&spec_path).with_context(|| format!("reading {}", spec_path.display()))?;
+    let wants_gpu = gpu_mps_shim::parse_spec(&spec)?.wants_gpu();
+    // A container without a GPU needs no inventory: explain it even where no manager runs.
+    let inventory = if wants_gpu {
+        load_inventory(inventory_path)?
+    } else {
+        gpu_mps_api::inventory::Inventory {
+            source: "none".into(),
+            gpus: Vec::new(),
+        }
+    };
+    Ok(explain_rewrite(
+        &spec_path.display().to_string(),
+        &spec,
+        config,
+        &inventory,
+    )?)
+}
 
 /// gpu-mps: inspect a gpu-mps node. `status` shows GPUs, MPS daemons and leases as the
 /// manager sees them; `explain` shows how gpu-mps-shim would rewrite a container's bundle.
@@ -42,14 +72,15 @@ enum Command {
         #[arg(long)]
         json: bool,
     },
-}
-
-fn load_config(path: &PathBuf) -> anyhow::Result<NodeConfig> {
-    match std::fs::read_to_string(path) {
-        Ok(text) => Ok(NodeConfig::from_toml(&text, path)?),
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(NodeConfig::default()),
-        Err(e) => Err(e).with_context(|| format!("reading {}", path.display())),
-    }
+    /// Show, as a diff, how gpu-mps-shim would rewrite a bundle's config.json (nothing is written).
+    Explain {
+        /// The bundle directory (the one holding config.json), e.g.
+        /// /run/containerd/io.containerd.runtime.v2.task/k8s.io/<container-id>.
+        bundle: PathBuf,
+        /// The GPU inventory to resolve GPU names with (default: <root>/inventory.json).
+        #[arg(long)]
+        inventory: Option<PathBuf>,
+    },
 }
 
 fn status(args: &Args, config: &NodeConfig) -> anyhow::Result<StatusView> {
@@ -60,6 +91,11 @@ fn status(args: &Args, config: &NodeConfig) -> anyhow::Result<StatusView> {
 
 fn run(args: Args) -> anyhow::Result<()> {
     let config = load_config(&args.config)?;
+    if let Command::Explain { bundle, inventory } = &args.command {
+        let inventory_path = inventory.clone().unwrap_or_else(|| config.inventory_path());
+        print!("{}", explain(bundle, &config, &inventory_path)?);
+        return Ok(());
+    }
     match &args.command {
         Command::Status { json } => {
             let view = status(&args, &config)?;
@@ -85,6 +121,7 @@ fn run(args: Args) -> anyhow::Result<()> {
                 print!("{}", view.leases_table());
             }
         }
+        Command::Explain { .. } => unreachable!("handled above"),
     }
     Ok(())
 }

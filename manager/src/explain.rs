@@ -1,0 +1,93 @@
+//! `gpu-mps explain`: the rewrite gpu-mps-shim would make to a bundle, as a unified diff.
+
+use gpu_mps_api::NodeConfig;
+use gpu_mps_api::inventory::Inventory;
+use gpu_mps_shim::ShimError;
+use similar::TextDiff;
+
+/// Describes the shim's decision for `spec` and, for a GPU container, the diff of config.json.
+/// The original is pretty-printed with the same formatter the shim uses, so the diff shows
+/// only what the shim changes (containerd writes config.json on one line).
+pub fn explain_rewrite(
+    spec_path: &str,
+    spec: &str,
+    config: &NodeConfig,
+    inventory: &Inventory,
+) -> Result<String, ShimError> {
+    let plan = gpu_mps_shim::plan_rewrite(spec, config, inventory)?;
+    let mut out = format!("{spec_path}: {}\n", plan.reason);
+    if let (Some(daemon), Some(limits)) = (&plan.daemon, &plan.limits) {
+        out += &format!(
+            "daemon: {} (pipe dir {})\nlimits: {limits}\n",
+            daemon,
+            config.pipe_dir(daemon).display()
+        );
+    }
+    let Some(rewritten) = plan.rewritten else {
+        out += "config.json is passed to runc unchanged\n";
+        return Ok(out);
+    };
+    let original: serde_json::Value = serde_json::from_str(spec).expect("the shim parsed this spec already");
+    let original = serde_json::to_string_pretty(&original).expect("a JSON value serializes") + "\n";
+    let diff = TextDiff::from_lines(&original, &rewritten);
+    out += &diff
+        .unified_diff()
+        .context_radius(2)
+        .header("config.json", "config.json (gpu-mps-shim)")
+        .to_string();
+    Ok(out)
+}
+
+#[cfg(test)]
+mod tests {
+    use gpu_mps_api::inventory::GpuInfo;
+
+    use super::*;
+
+    fn inventory() -> Inventory {
+        Inventory {
+            source: "test".into(),
+            gpus: vec![GpuInfo {
+                index: 0,
+                uuid: "GPU-aaaa".into(),
+                name: "t".into(),
+                memory_bytes: 16 << 30,
+                compute_mode: "Default".into(),
+                mig_enabled: false,
+            }],
+        }
+    }
+
+    #[test]
+    fn shows_only_the_shims_changes() {
+        let spec = r#"{"ociVersion":"1.0.2","process":{"args":["sh"],"env":["PATH=/bin","NVIDIA_VISIBLE_DEVICES=0"],"cwd":"/"},"root":{"path":"rootfs"},"annotations":{"gpu-mps.io/memory-limit":"4Gi","gpu-mps.io/active-thread-percentage":"25"}}"#;
+        let out = explain_rewrite("b/config.json", spec, &NodeConfig::default(), &inventory()).unwrap();
+        assert!(
+            out.contains("+      \"CUDA_MPS_ACTIVE_THREAD_PERCENTAGE=25\""),
+            "{out}"
+        );
+        assert!(out.contains("limits: 4Gi/25%"), "{out}");
+        // Nothing of the original is lost: a removed line only comes back with a comma added.
+        let added: Vec<&str> = out
+            .lines()
+            .filter(|l| l.starts_with('+') && !l.starts_with("+++"))
+            .collect();
+        for removed in out
+            .lines()
+            .filter(|l| l.starts_with('-') && !l.starts_with("---"))
+        {
+            let content = removed[1..].trim_end_matches(',');
+            assert!(
+                added.iter().any(|a| a[1..].trim_end_matches(',') == content),
+                "{removed} lost:\n{out}"
+            );
+        }
+    }
+
+    #[test]
+    fn a_cpu_container_is_unchanged() {
+        let spec = r#"{"ociVersion":"1.0.2","process":{"args":["sh"],"env":["PATH=/bin"],"cwd":"/"},"root":{"path":"rootfs"}}"#;
+        let out = explain_rewrite("b/config.json", spec, &NodeConfig::default(), &inventory()).unwrap();
+        assert!(out.contains("unchanged"), "{out}");
+    }
+}
