@@ -49,11 +49,11 @@ pub const RUNC_SHIM: &str = "io.containerd.runc.v2";
 /// Put in front of the tables gpu-mps writes, so a reader of config.toml knows who owns them.
 const ENTRY_MARKER: &str = "gpu-mps runtime handler, managed by `gpu-mps install-containerd`; \
                             `gpu-mps uninstall-containerd` removes it.";
-/// Put in front of the `runc` entry written for containerd 1.x; uninstall removes that entry only
-/// when it carries this marker and is still exactly what was written.
 /// Trails an `imports` line gpu-mps added, so uninstall removes the line rather than leaving
 /// `imports = []` behind (and keeps an `imports = []` the admin wrote).
 const IMPORTS_MARKER: &str = "# added by `gpu-mps install-containerd`";
+/// Put in front of the `runc` entry written for containerd 1.x; uninstall removes that entry only
+/// when it carries this marker and is still exactly what was written.
 const RUNC_MARKER: &str = "Spelled out by `gpu-mps install-containerd`: containerd 1.x drops its \
                            built-in runc entry once any runtime is configured.";
 
@@ -221,7 +221,8 @@ impl FileChange {
 pub struct InstallPlan {
     /// The layout of the runtime entry; `None` when there is no containerd config at all.
     pub version: Option<ConfigVersion>,
-    pub placement: Placement,
+    /// Where install puts the entry; `None` for uninstall.
+    pub placement: Option<Placement>,
     /// The changes, in the order `apply` must make them. Empty: nothing to do.
     pub changes: Vec<FileChange>,
     /// Things the administrator should know, one line each.
@@ -345,12 +346,13 @@ pub fn plan_install(
     match placement {
         Placement::MainConfig => {
             remove_import(&mut doc, opts, main_path)?;
-            let runtimes_was_empty = lookup(doc.as_table(), &version.runtimes_path())
+            // Only ours counts as none: containerd 1.x would still forget its built-in runc.
+            let no_other_runtime = lookup(doc.as_table(), &version.runtimes_path())
                 .and_then(Item::as_table_like)
-                .is_none_or(|t| t.is_empty());
+                .is_none_or(|t| t.iter().all(|(name, _)| name == opts.runtime_name));
             let style = Style::for_entry(doc.as_table(), version, base.as_ref().map(|b| b.name.as_str()));
             let runtimes = table_at(doc.as_table_mut(), &version.runtimes_path(), main_path)?;
-            if runtimes_was_empty && version == ConfigVersion::V2 {
+            if no_other_runtime && version == ConfigVersion::V2 {
                 let mut runc = builtin_runc();
                 style.format(&mut runc, RUNC_MARKER);
                 runtimes.insert("runc", Item::Table(runc));
@@ -384,7 +386,7 @@ pub fn plan_install(
     }
     Ok(InstallPlan {
         version: Some(version),
-        placement,
+        placement: Some(placement),
         changes,
         notes,
     })
@@ -417,7 +419,7 @@ pub fn plan_uninstall(
     }
     Ok(InstallPlan {
         version,
-        placement: Placement::DropIn,
+        placement: None,
         changes,
         notes: Vec::new(),
     })
@@ -795,7 +797,18 @@ fn add_import(doc: &mut DocumentMut, import: &str, path: &Path) -> Result<(), Re
         return Ok(());
     }
     if let Some(array) = doc.get_mut("imports").and_then(Item::as_array_mut) {
-        array.push(import);
+        // One path per line stays one per line.
+        let own_line = array
+            .iter()
+            .last()
+            .and_then(|v| v.decor().prefix())
+            .and_then(|p| p.as_str())
+            .filter(|p| p.contains('\n'))
+            .map(str::to_owned);
+        match own_line {
+            Some(prefix) => array.push_formatted(Value::from(import).decorated(prefix, "")),
+            None => array.push(import),
+        }
     }
     Ok(())
 }
@@ -1658,7 +1671,7 @@ root = '/var/lib/containerd'
         let plan = plan_install(&existing, &opts(Some(1))).expect("plan");
         assert_eq!(
             (plan.version, plan.placement),
-            (Some(ConfigVersion::V2), Placement::MainConfig)
+            (Some(ConfigVersion::V2), Some(Placement::MainConfig))
         );
         assert_eq!(plan.changes.len(), 1);
         let text = written(&plan, MAIN_CONFIG);
@@ -1755,7 +1768,7 @@ root = '/var/lib/containerd'
         let plan = plan_install(&existing, &opts(Some(2))).expect("plan");
         assert_eq!(
             (plan.version, plan.placement),
-            (Some(ConfigVersion::V3), Placement::DropIn)
+            (Some(ConfigVersion::V3), Some(Placement::DropIn))
         );
         // The drop-in first: containerd 1.x refuses a config whose plain import is missing.
         assert_eq!(
@@ -1846,7 +1859,7 @@ root = '/var/lib/containerd'
         let plan = plan_install(&existing, &opts(Some(2))).expect("plan");
         assert_eq!(
             (plan.version, plan.placement),
-            (Some(ConfigVersion::V2), Placement::DropIn)
+            (Some(ConfigVersion::V2), Some(Placement::DropIn))
         );
         let drop_in = written(&plan, DROP_IN);
         assert!(
@@ -1892,6 +1905,38 @@ root = '/var/lib/containerd'
             text.contains("runtimes.runc]") && !text.contains("gpu-mps]"),
             "{text}"
         );
+    }
+
+    #[test]
+    fn a_lone_gpu_mps_entry_gets_runc_back_under_containerd_1x() {
+        let main = format!(
+            "{DEBIAN}[plugins.\"io.containerd.grpc.v1.cri\".containerd.runtimes.gpu-mps]\nruntime_type = \"x\"\n"
+        );
+        let plan = plan_install(&files(Some(&main)), &opts(Some(1))).expect("plan");
+        let mut d = None;
+        let mut runc = ConfigVersion::V2.runtimes_path().to_vec();
+        runc.extend(["runc", "runtime_type"]);
+        let text = written(&plan, MAIN_CONFIG);
+        assert_eq!(
+            get(text, &runc, &mut d).and_then(Item::as_str),
+            Some(RUNC_SHIM),
+            "{text}"
+        );
+    }
+
+    #[test]
+    fn multi_line_imports_stay_one_per_line() {
+        let main = "version = 3\nimports = [\n  \"/etc/other/*.toml\",\n]\n";
+        let existing = files(Some(main));
+        let plan = plan_install(&existing, &opts(Some(2))).expect("plan");
+        let text = written(&plan, MAIN_CONFIG);
+        assert_eq!(
+            text,
+            "version = 3\nimports = [\n  \"/etc/other/*.toml\",\n  \"/etc/containerd/conf.d/gpu-mps.toml\",\n]\n"
+        );
+        let installed = after(&existing, &plan);
+        let removal = plan_uninstall(&installed, &opts(None)).expect("uninstall");
+        assert_eq!(after(&installed, &removal), existing);
     }
 
     #[test]
@@ -1950,7 +1995,7 @@ root = '/var/lib/containerd'
         let existing = files(Some(V2_KUBEADM));
         let in_place = after(&existing, &plan_install(&existing, &opts(Some(1))).expect("1.x"));
         let plan = plan_install(&in_place, &opts(Some(2))).expect("2.x");
-        assert_eq!(plan.placement, Placement::DropIn);
+        assert_eq!(plan.placement, Some(Placement::DropIn));
         let main = written(&plan, MAIN_CONFIG);
         assert!(
             !main.contains("gpu-mps]")

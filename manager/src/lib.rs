@@ -3,6 +3,7 @@
 
 pub mod admission;
 pub mod compute_mode;
+pub mod containerd_registration;
 pub mod core;
 pub mod explain;
 pub mod gpu_backend;

@@ -10,9 +10,68 @@ use anyhow::Context;
 use clap::{Parser, Subcommand};
 use gpu_mps_api::client::ManagerConnection;
 use gpu_mps_api::node_config::{self, NodeConfig};
+use gpu_mps_manager::containerd_registration as reg;
 use gpu_mps_manager::explain::explain_rewrite;
 use gpu_mps_manager::status_view::StatusView;
 use gpu_mps_shim::node_files::{load_config as load_node_config, load_inventory};
+
+#[derive(Debug, clap::Args)]
+struct RegistrationArgs {
+    /// containerd's main config file.
+    #[arg(long = "containerd-config", default_value = reg::MAIN_CONFIG)]
+    main_config: PathBuf,
+    /// The drop-in file (used on containerd 2.x).
+    #[arg(long, default_value = reg::DROP_IN)]
+    drop_in: PathBuf,
+    /// The gpu-mps-shim binary the runtime entry points at.
+    #[arg(long, default_value = reg::SHIM_PATH)]
+    shim: PathBuf,
+    /// The containerd binary (for its version and `config dump`); default: found on PATH.
+    #[arg(long)]
+    containerd: Option<PathBuf>,
+    /// Where the host's / is mounted (installer containers), e.g. /host.
+    #[arg(long, default_value = "/")]
+    host_root: PathBuf,
+    /// Print the change without writing anything.
+    #[arg(long)]
+    dry_run: bool,
+}
+
+fn register(r: &RegistrationArgs, remove: bool) -> anyhow::Result<()> {
+    let opts = reg::InstallOptions {
+        main_config: r.main_config.clone(),
+        drop_in: r.drop_in.clone(),
+        shim_path: r.shim.clone(),
+        host_root: r.host_root.clone(),
+        ..reg::InstallOptions::default()
+    };
+    let containerd = r.containerd.clone().or_else(|| reg::find_containerd(&opts));
+    let outcome = if remove {
+        reg::uninstall(&opts, containerd.as_deref(), r.dry_run)?
+    } else {
+        reg::install(&opts, containerd.as_deref(), r.dry_run)?
+    };
+    for w in &outcome.warnings {
+        eprintln!("gpu-mps: warning: {w}");
+    }
+    if outcome.plan.is_empty() {
+        println!(
+            "containerd config already {}; nothing to change",
+            if remove { "clean" } else { "registers gpu-mps" }
+        );
+        return Ok(());
+    }
+    print!("{}", outcome.plan.diff());
+    for b in &outcome.backups {
+        println!("backup: {}", b.display());
+    }
+    if r.dry_run {
+        println!("dry run: nothing written");
+    } else if outcome.needs_containerd_restart() {
+        println!("restart containerd to apply: systemctl restart containerd");
+    }
+    Ok(())
+}
 
 fn load_config(path: &Path) -> anyhow::Result<NodeConfig> {
     Ok(load_node_config(path)?)
@@ -72,6 +131,18 @@ enum Command {
         #[arg(long)]
         json: bool,
     },
+    /// Register the `gpu-mps` runtime handler with containerd (1.6, 1.7, 2.x): copies the runc
+    /// entry's options, sets BinaryName to gpu-mps-shim, checks the result with
+    /// `containerd config dump`. Idempotent. containerd must be restarted afterwards.
+    InstallContainerd {
+        #[command(flatten)]
+        registration: RegistrationArgs,
+    },
+    /// Remove what install-containerd added, restoring the containerd config.
+    UninstallContainerd {
+        #[command(flatten)]
+        registration: RegistrationArgs,
+    },
     /// Show, as a diff, how gpu-mps-shim would rewrite a bundle's config.json (nothing is written).
     Explain {
         /// The bundle directory (the one holding config.json), e.g.
@@ -90,6 +161,11 @@ fn status(args: &Args, config: &NodeConfig) -> anyhow::Result<StatusView> {
 }
 
 fn run(args: Args) -> anyhow::Result<()> {
+    match &args.command {
+        Command::InstallContainerd { registration } => return register(registration, false),
+        Command::UninstallContainerd { registration } => return register(registration, true),
+        _ => {}
+    }
     let config = load_config(&args.config)?;
     if let Command::Explain { bundle, inventory } = &args.command {
         let inventory_path = inventory.clone().unwrap_or_else(|| config.inventory_path());
@@ -121,7 +197,9 @@ fn run(args: Args) -> anyhow::Result<()> {
                 print!("{}", view.leases_table());
             }
         }
-        Command::Explain { .. } => unreachable!("handled above"),
+        Command::Explain { .. } | Command::InstallContainerd { .. } | Command::UninstallContainerd { .. } => {
+            unreachable!("handled above")
+        }
     }
     Ok(())
 }

@@ -1,0 +1,40 @@
+#!/usr/bin/env bash
+# Installs what building and testing gpu-mps needs on a Debian 12 machine, idempotently:
+# apt packages (as root, or through sudo) and a Rust toolchain (rustup) when cargo is missing
+# or older than the workspace needs. containerd is NOT installed system-wide: the tests and the
+# demo fetch Debian's containerd + runc into a private cache (tests/support/fetch-containerd.sh).
+set -euo pipefail
+
+need_rust="1.85"
+as_root() { if [ "$(id -u)" = 0 ]; then "$@"; else sudo "$@"; fi; }
+
+packages=(ca-certificates curl git gcc libc6-dev pkg-config protobuf-compiler xz-utils iproute2 python3)
+missing=()
+for p in "${packages[@]}"; do
+    dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
+done
+if [ ${#missing[@]} -gt 0 ]; then
+    echo "setup: installing ${missing[*]}"
+    as_root apt-get update -qq
+    as_root env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "${missing[@]}"
+fi
+
+[ -f "$HOME/.cargo/env" ] && . "$HOME/.cargo/env"
+version_ok() { # rustc >= need_rust ?
+    local have
+    have=$(rustc --version 2>/dev/null | awk '{print $2}') || return 1
+    [ -n "$have" ] && [ "$(printf '%s\n%s\n' "$need_rust" "$have" | sort -V | head -n1)" = "$need_rust" ]
+}
+if ! command -v cargo >/dev/null || ! version_ok; then
+    if command -v rustup >/dev/null; then
+        rustup toolchain install stable --profile minimal -c clippy,rustfmt
+        rustup default stable
+    else
+        echo "setup: installing Rust with rustup (stable, minimal profile)"
+        curl --proto '=https' --tlsv1.2 -sSf https://sh.rustup.rs | sh -s -- -y --profile minimal -c clippy,rustfmt
+        . "$HOME/.cargo/env"
+    fi
+fi
+command -v cargo-clippy >/dev/null || rustup component add clippy
+command -v rustfmt >/dev/null || rustup component add rustfmt
+echo "setup: $(rustc --version), $(protoc --version)"

@@ -1,0 +1,712 @@
+//! A private containerd per test: its own root, state, socket, config and runc root, so tests
+//! run in parallel and leave nothing behind.
+
+use std::fmt::Write as _;
+use std::os::unix::fs::symlink;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::OnceLock;
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, Result, bail};
+
+use crate::cri::CriClient;
+use crate::ctr::Ctr;
+use crate::diagnostics::{self, LogTail, TAIL_LINES};
+use crate::image;
+use crate::processes;
+use crate::suites::Suite;
+use crate::workdir::WorkDir;
+
+/// The CRI runtime handler that runs containers through gpu-mps-shim.
+pub const GPU_MPS_HANDLER: &str = "gpu-mps";
+/// The default CRI runtime handler: plain runc.
+pub const RUNC_HANDLER: &str = "runc";
+/// The containerd namespace of the CRI plugin.
+pub const CRI_NAMESPACE: &str = "k8s.io";
+/// Annotations the gpu-mps handler passes from the pod and the container to the OCI spec.
+pub const GPU_MPS_ANNOTATIONS: [&str; 2] = ["gpu-mps.io/*", "*.gpu-mps.io/*"];
+const START_TIMEOUT: Duration = Duration::from_secs(30);
+const CRI_READY_TIMEOUT: Duration = Duration::from_secs(20);
+
+/// What a test needs from its containerd beyond the defaults.
+#[derive(Debug, Clone, Default)]
+pub struct ContainerdOptions {
+    /// Passed to containerd as GPU_MPS_CONFIG; the runc shims it starts, and so gpu-mps-shim
+    /// and gpu-mps-hook, inherit it.
+    pub gpu_mps_config: Option<PathBuf>,
+    /// Registers the `gpu-mps` CRI runtime handler with this binary as the runc binary.
+    pub gpu_mps_shim: Option<PathBuf>,
+}
+
+/// How containerd stores image layers here.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Snapshotter {
+    Overlayfs,
+    /// Only where overlayfs does not work (e.g. a temp dir that is itself on overlayfs).
+    Native,
+}
+
+impl Snapshotter {
+    pub fn name(self) -> &'static str {
+        match self {
+            Snapshotter::Overlayfs => "overlayfs",
+            Snapshotter::Native => "native",
+        }
+    }
+}
+
+/// A running containerd; killed, with its containers, on drop.
+#[derive(Debug)]
+pub struct Containerd {
+    suite: Suite,
+    child: Option<Child>,
+    socket: PathBuf,
+    state: PathBuf,
+    runc_root: PathBuf,
+    log: PathBuf,
+    snapshotter: Snapshotter,
+    // Last: removed once containerd and its containers are gone.
+    dir: WorkDir,
+}
+
+impl Containerd {
+    /// Starts containerd of `suite` and waits for its socket.
+    pub async fn start(suite: &Suite, options: ContainerdOptions) -> Result<Containerd> {
+        let dir = WorkDir::new("gme2e-ctd.")?;
+        let snapshotter = snapshotter();
+        let layout = Layout::new(&dir);
+        for d in [
+            &layout.root,
+            &layout.state,
+            &layout.runc_root,
+            &layout.cni_conf,
+            &layout.cni_bin,
+            &layout.path_dir,
+        ] {
+            std::fs::create_dir_all(d).with_context(|| format!("creating {}", d.display()))?;
+        }
+        // containerd-shim-runc-v2 runs the first `runc` on its PATH: the chosen one, never the
+        // suite's own when that does not run here.
+        symlink(&suite.runc, layout.path_dir.join("runc")).context("linking the chosen runc")?;
+        let config = match suite.config_version() {
+            3 => config_v3(&layout, snapshotter, &options),
+            _ => config_v2(&layout, snapshotter, &options),
+        };
+        std::fs::write(&layout.config, config).context("writing containerd's config")?;
+
+        let path = format!(
+            "{}:{}:{}",
+            layout.path_dir.display(),
+            suite.bin_dir.display(),
+            std::env::var("PATH").unwrap_or_else(|_| "/usr/sbin:/usr/bin:/sbin:/bin".into())
+        );
+        let log = std::fs::File::create(&layout.log).context("creating containerd's log")?;
+        let mut command = Command::new(&suite.containerd);
+        command
+            .arg("--config")
+            .arg(&layout.config)
+            .env("PATH", path)
+            .env_remove("CONTAINERD_ADDRESS")
+            .stdin(Stdio::null())
+            .stdout(log.try_clone()?)
+            .stderr(log);
+        match &options.gpu_mps_config {
+            Some(config) => command.env(gpu_mps_api::node_config::CONFIG_ENV, config),
+            None => command.env_remove(gpu_mps_api::node_config::CONFIG_ENV),
+        };
+        let child = command
+            .spawn()
+            .with_context(|| format!("starting {}", suite.containerd.display()))?;
+        println!(
+            "started {} at {} (snapshotter {}, runc {})",
+            suite.containerd_version,
+            layout.socket.display(),
+            snapshotter.name(),
+            suite.runc.display()
+        );
+        let mut containerd = Containerd {
+            suite: suite.clone(),
+            child: Some(child),
+            socket: layout.socket,
+            state: layout.state,
+            runc_root: layout.runc_root,
+            log: layout.log,
+            snapshotter,
+            dir,
+        };
+        containerd.wait_for_socket().await?;
+        Ok(containerd)
+    }
+
+    async fn wait_for_socket(&mut self) -> Result<()> {
+        let deadline = Instant::now() + START_TIMEOUT;
+        loop {
+            if std::os::unix::net::UnixStream::connect(&self.socket).is_ok() {
+                return Ok(());
+            }
+            if let Some(child) = self.child.as_mut() {
+                if let Some(status) = child.try_wait()? {
+                    bail!(
+                        "containerd exited ({status}) before serving {}; its log:\n{}",
+                        self.socket.display(),
+                        diagnostics::tail_of(&self.log, TAIL_LINES)
+                    );
+                }
+            }
+            if Instant::now() > deadline {
+                bail!(
+                    "containerd did not serve {} within {START_TIMEOUT:?}",
+                    self.socket.display()
+                );
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
+
+    pub fn suite(&self) -> &Suite {
+        &self.suite
+    }
+
+    pub fn socket(&self) -> &Path {
+        &self.socket
+    }
+
+    pub fn snapshotter(&self) -> Snapshotter {
+        self.snapshotter
+    }
+
+    pub fn log_path(&self) -> &Path {
+        &self.log
+    }
+
+    /// The runc root of every container of this containerd (CRI and ctr alike).
+    pub fn runc_root(&self) -> &Path {
+        &self.runc_root
+    }
+
+    /// This test's private directory (containerd's own files live in it too).
+    pub fn dir(&self) -> &Path {
+        self.dir.path()
+    }
+
+    pub fn log_tail(&self, lines: usize) -> String {
+        diagnostics::tail_of(&self.log, lines)
+    }
+
+    /// A `ctr` bound to this containerd.
+    pub fn ctr(&self) -> Ctr {
+        Ctr::new(&self.suite.ctr, &self.socket, &self.runc_root)
+    }
+
+    /// A CRI client, once the CRI plugin answers (it starts after the socket is up).
+    pub async fn cri(&self) -> Result<CriClient> {
+        let deadline = Instant::now() + CRI_READY_TIMEOUT;
+        loop {
+            let attempt = async {
+                let mut client = CriClient::connect(&self.socket, self.dir.join("pods")).await?;
+                client.version().await?;
+                anyhow::Ok(client)
+            };
+            match attempt.await {
+                Ok(client) => return Ok(client),
+                Err(e) if Instant::now() > deadline => {
+                    return Err(e.context(format!(
+                        "the CRI plugin did not answer within {CRI_READY_TIMEOUT:?}"
+                    )));
+                }
+                Err(_) => tokio::time::sleep(Duration::from_millis(100)).await,
+            }
+        }
+    }
+
+    /// Imports the test image (built around `checker`) into the CRI namespace, unpacked for
+    /// this containerd's snapshotter. Returns its name.
+    pub async fn import_test_image(&self, checker: &Path) -> Result<&'static str> {
+        let archive = self.dir.join("test-image.oci.tar");
+        std::fs::write(&archive, test_image_archive(checker)?).context("writing the test image")?;
+        let mut args: Vec<String> = vec!["images".into(), "import".into()];
+        if self.suite.containerd_major >= 2 {
+            // 2.x imports through the transfer service by default, which unpacks with its own
+            // config; --local unpacks with the snapshotter named here, as 1.x does.
+            args.push("--local".into());
+        }
+        args.extend([
+            "--snapshotter".into(),
+            self.snapshotter.name().into(),
+            archive.display().to_string(),
+        ]);
+        let out = self.ctr().namespace(CRI_NAMESPACE).command(&args).await?;
+        if !out.status.success() {
+            bail!(
+                "ctr images import failed ({}): {}{}",
+                out.status,
+                out.stdout,
+                out.stderr
+            );
+        }
+        Ok(image::TEST_IMAGE)
+    }
+
+    /// A plain rootfs directory holding the test image's files, for `ctr run --rootfs`.
+    pub fn test_rootfs(&self, checker: &Path) -> Result<PathBuf> {
+        let rootfs = self.dir.join("rootfs");
+        if !rootfs.join("checker").exists() {
+            image::write_rootfs(checker, &rootfs)?;
+        }
+        Ok(rootfs)
+    }
+
+    /// Host pids of the init processes of this containerd's containers, from runc's state.
+    pub fn container_pids(&self) -> Vec<u32> {
+        runc_containers(&self.runc_root).iter().map(|c| c.pid).collect()
+    }
+
+    /// The host pid of a container's init process, from runc's state; None before runc
+    /// created it or after it was deleted. `namespace`: [`CRI_NAMESPACE`] for CRI containers,
+    /// "default" for ctr's.
+    pub fn container_pid(&self, namespace: &str, id: &str) -> Option<u32> {
+        runc_state(&self.runc_root.join(namespace).join(id)).map(|c| c.pid)
+    }
+
+    /// The containerd-shim processes serving this containerd.
+    pub fn shim_pids(&self) -> Vec<u32> {
+        shims_of(&self.socket)
+    }
+
+    /// The sockets its shims listen on (under a host-wide directory).
+    pub fn shim_sockets(&self) -> Vec<PathBuf> {
+        shim_sockets(&self.state)
+    }
+
+    /// Kills every container of this containerd (through runc's state, so it works whether or
+    /// not containerd still answers), containerd, and its shims; removes the cgroups runc made.
+    fn shut_down(&mut self) {
+        let containers = runc_containers(&self.runc_root);
+        let pids: Vec<u32> = containers.iter().map(|c| c.pid).collect();
+        pids.iter().for_each(|pid| processes::kill_hard(*pid));
+        processes::wait_gone(&pids, Duration::from_secs(3));
+        if let Some(mut child) = self.child.take() {
+            processes::stop_child(&mut child, Duration::from_secs(5));
+        }
+        let shims = shims_of(&self.socket);
+        let shim_sockets = shim_sockets(&self.state);
+        shims.iter().for_each(|pid| processes::kill_hard(*pid));
+        processes::wait_gone(&shims, Duration::from_secs(3));
+        // A killed shim leaves its socket (in a host-wide directory) behind.
+        for socket in shim_sockets {
+            let _ = std::fs::remove_file(socket);
+        }
+        // A killed task leaves its cgroup a moment after it is gone from /proc: retry EBUSY
+        // briefly. A cgroup still in use after that (or already gone) is left alone.
+        let deadline = Instant::now() + Duration::from_secs(2);
+        for cgroup in containers.iter().flat_map(|c| &c.cgroups) {
+            while let Err(e) = std::fs::remove_dir(cgroup) {
+                if e.raw_os_error() != Some(nix::errno::Errno::EBUSY as i32) || Instant::now() > deadline {
+                    break;
+                }
+                std::thread::sleep(Duration::from_millis(20));
+            }
+        }
+    }
+}
+
+impl Drop for Containerd {
+    fn drop(&mut self) {
+        self.shut_down();
+        diagnostics::record(LogTail {
+            title: format!("containerd log ({}, {})", self.suite.name, self.log.display()),
+            text: self.log_tail(TAIL_LINES),
+        });
+        self.dir.unmount_all();
+    }
+}
+
+/// Paths inside a containerd's private directory.
+struct Layout {
+    root: PathBuf,
+    state: PathBuf,
+    socket: PathBuf,
+    config: PathBuf,
+    runc_root: PathBuf,
+    cni_conf: PathBuf,
+    cni_bin: PathBuf,
+    /// Put first on containerd's PATH; holds only `runc`.
+    path_dir: PathBuf,
+    log: PathBuf,
+}
+
+impl Layout {
+    fn new(dir: &WorkDir) -> Layout {
+        Layout {
+            root: dir.join("root"),
+            state: dir.join("state"),
+            socket: dir.join("containerd.sock"),
+            config: dir.join("containerd.toml"),
+            runc_root: dir.join("runc"),
+            cni_conf: dir.join("cni/net.d"),
+            cni_bin: dir.join("cni/bin"),
+            path_dir: dir.join("bin"),
+            log: dir.join("containerd.log"),
+        }
+    }
+}
+
+/// A TOML string literal.
+fn quote(value: impl AsRef<str>) -> String {
+    toml::Value::String(value.as_ref().to_string()).to_string()
+}
+
+fn quote_path(path: &Path) -> String {
+    quote(path.to_string_lossy())
+}
+
+fn quote_list(values: &[&str]) -> String {
+    format!("[{}]", values.iter().map(quote).collect::<Vec<_>>().join(", "))
+}
+
+/// Plugins that cannot work here (or are not needed) and would only add noise or fail.
+fn disabled_plugins(version: u32) -> String {
+    let mut plugins = vec![
+        "io.containerd.snapshotter.v1.aufs",
+        "io.containerd.snapshotter.v1.btrfs",
+        "io.containerd.snapshotter.v1.devmapper",
+        "io.containerd.snapshotter.v1.zfs",
+        "io.containerd.tracing.processor.v1.otlp",
+    ];
+    if version >= 3 {
+        plugins.extend([
+            "io.containerd.snapshotter.v1.blockfile",
+            "io.containerd.snapshotter.v1.erofs",
+        ]);
+    }
+    quote_list(&plugins)
+}
+
+/// The runtime handlers under `prefix` (the CRI runtime plugin's `containerd` table).
+fn runtimes(prefix: &str, layout: &Layout, options: &ContainerdOptions) -> String {
+    let mut text = String::new();
+    let runc_root = quote_path(&layout.runc_root);
+    let _ = write!(
+        text,
+        r#"
+[{prefix}.runtimes.runc]
+  runtime_type = "io.containerd.runc.v2"
+[{prefix}.runtimes.runc.options]
+  Root = {runc_root}
+"#
+    );
+    if let Some(shim) = &options.gpu_mps_shim {
+        let annotations = quote_list(&GPU_MPS_ANNOTATIONS);
+        let _ = write!(
+            text,
+            r#"
+[{prefix}.runtimes.{GPU_MPS_HANDLER}]
+  runtime_type = "io.containerd.runc.v2"
+  pod_annotations = {annotations}
+  container_annotations = {annotations}
+[{prefix}.runtimes.{GPU_MPS_HANDLER}.options]
+  BinaryName = {shim}
+  Root = {runc_root}
+"#,
+            shim = quote_path(shim)
+        );
+    }
+    text
+}
+
+// Both schemas: `restrict_oom_score_adj` because CRI gives the pause container -998 and a
+// test host (a container, a VM sandbox) may not lower scores below its own; AppArmor off
+// because the CRI default profile needs apparmor_parser, which is no part of these tests.
+
+/// containerd 1.6 and 1.7: config version 2, CRI settings in one `io.containerd.grpc.v1.cri`
+/// plugin.
+fn config_v2(layout: &Layout, snapshotter: Snapshotter, options: &ContainerdOptions) -> String {
+    let cri = r#"plugins."io.containerd.grpc.v1.cri""#;
+    format!(
+        r#"# Generated by gpu-mps-e2e for one test.
+version = 2
+root = {root}
+state = {state}
+disabled_plugins = {disabled}
+
+[grpc]
+  address = {socket}
+
+[debug]
+  level = "info"
+
+[{cri}]
+  sandbox_image = {image}
+  disable_apparmor = true
+  restrict_oom_score_adj = true
+  disable_tcp_service = true
+  stream_server_address = "127.0.0.1"
+  stream_server_port = "0"
+
+[{cri}.cni]
+  bin_dir = {cni_bin}
+  conf_dir = {cni_conf}
+
+[{cri}.containerd]
+  snapshotter = {snapshotter}
+  default_runtime_name = "runc"
+{runtimes}"#,
+        root = quote_path(&layout.root),
+        state = quote_path(&layout.state),
+        disabled = disabled_plugins(2),
+        socket = quote_path(&layout.socket),
+        image = quote(image::TEST_IMAGE),
+        cni_bin = quote_path(&layout.cni_bin),
+        cni_conf = quote_path(&layout.cni_conf),
+        snapshotter = quote(snapshotter.name()),
+        runtimes = runtimes(&format!("{cri}.containerd"), layout, options),
+    )
+}
+
+/// containerd 2.x: config version 3, CRI split into `io.containerd.cri.v1.images` (snapshotter,
+/// pinned sandbox image) and `io.containerd.cri.v1.runtime` (runtimes, CNI); NRI is on by
+/// default there and would listen on a host-wide socket, so it is switched off.
+fn config_v3(layout: &Layout, snapshotter: Snapshotter, options: &ContainerdOptions) -> String {
+    let images = "plugins.'io.containerd.cri.v1.images'";
+    let runtime = "plugins.'io.containerd.cri.v1.runtime'";
+    format!(
+        r#"# Generated by gpu-mps-e2e for one test.
+version = 3
+root = {root}
+state = {state}
+disabled_plugins = {disabled}
+
+[grpc]
+  address = {socket}
+
+[debug]
+  level = "info"
+
+[{images}]
+  snapshotter = {snapshotter}
+
+[{images}.pinned_images]
+  sandbox = {image}
+
+[{runtime}]
+  disable_apparmor = true
+  restrict_oom_score_adj = true
+
+[{runtime}.cni]
+  bin_dirs = [{cni_bin}]
+  conf_dir = {cni_conf}
+
+[{runtime}.containerd]
+  default_runtime_name = "runc"
+{runtimes}
+[plugins.'io.containerd.grpc.v1.cri']
+  disable_tcp_service = true
+  stream_server_address = "127.0.0.1"
+  stream_server_port = "0"
+
+[plugins.'io.containerd.nri.v1.nri']
+  disable = true
+"#,
+        root = quote_path(&layout.root),
+        state = quote_path(&layout.state),
+        disabled = disabled_plugins(3),
+        socket = quote_path(&layout.socket),
+        image = quote(image::TEST_IMAGE),
+        cni_bin = quote_path(&layout.cni_bin),
+        cni_conf = quote_path(&layout.cni_conf),
+        snapshotter = quote(snapshotter.name()),
+        runtimes = runtimes(&format!("{runtime}.containerd"), layout, options),
+    )
+}
+
+/// Forces a snapshotter ("overlayfs" or "native"), e.g. to test the fallback.
+pub const SNAPSHOTTER_ENV: &str = "GPU_MPS_E2E_SNAPSHOTTER";
+
+/// overlayfs when the temp dir can hold an overlay mount, else native. Probed once.
+pub fn snapshotter() -> Snapshotter {
+    static PROBED: OnceLock<Snapshotter> = OnceLock::new();
+    *PROBED.get_or_init(
+        || match (std::env::var(SNAPSHOTTER_ENV).as_deref(), probe_overlay()) {
+            (Ok("native"), _) => Snapshotter::Native,
+            (Ok("overlayfs"), _) | (_, Ok(())) => Snapshotter::Overlayfs,
+            (_, Err(e)) => {
+                eprintln!(
+                    "overlayfs does not work in {}: {e:#}; containerd uses the native snapshotter",
+                    std::env::temp_dir().display()
+                );
+                Snapshotter::Native
+            }
+        },
+    )
+}
+
+fn probe_overlay() -> Result<()> {
+    use nix::mount::{MntFlags, MsFlags, mount, umount2};
+    let dir = WorkDir::new("gme2e-ovl.")?;
+    for sub in ["lower", "upper", "work", "merged"] {
+        std::fs::create_dir(dir.join(sub))?;
+    }
+    let data = format!(
+        "lowerdir={},upperdir={},workdir={}",
+        dir.join("lower").display(),
+        dir.join("upper").display(),
+        dir.join("work").display()
+    );
+    mount(
+        Some("overlay"),
+        &dir.join("merged"),
+        Some("overlay"),
+        MsFlags::empty(),
+        Some(data.as_str()),
+    )
+    .context("mount -t overlay")?;
+    std::fs::write(dir.join("merged/probe"), b"x").context("writing through the overlay")?;
+    umount2(&dir.join("merged"), MntFlags::MNT_DETACH).context("umount")?;
+    Ok(())
+}
+
+/// The test image archive, built once per test process.
+fn test_image_archive(checker: &Path) -> Result<&'static [u8]> {
+    static ARCHIVE: OnceLock<Result<Vec<u8>, String>> = OnceLock::new();
+    ARCHIVE
+        .get_or_init(|| image::oci_archive(checker).map_err(|e| format!("{e:#}")))
+        .as_deref()
+        .map_err(|e| anyhow::anyhow!("building the test image: {e}"))
+}
+
+/// A container as runc records it under its root.
+#[derive(Debug)]
+struct RuncContainer {
+    pid: u32,
+    cgroups: Vec<PathBuf>,
+}
+
+/// `<runc root>/<namespace>/<id>/state.json` of every container, created or running.
+fn runc_containers(runc_root: &Path) -> Vec<RuncContainer> {
+    let mut found = Vec::new();
+    let dirs = |p: &Path| {
+        std::fs::read_dir(p)
+            .into_iter()
+            .flatten()
+            .flatten()
+            .map(|e| e.path())
+            .collect::<Vec<_>>()
+    };
+    for namespace in dirs(runc_root) {
+        found.extend(
+            dirs(&namespace)
+                .iter()
+                .filter_map(|container| runc_state(container)),
+        );
+    }
+    found
+}
+
+/// `<dir>/state.json` of one container.
+fn runc_state(dir: &Path) -> Option<RuncContainer> {
+    let text = std::fs::read_to_string(dir.join("state.json")).ok()?;
+    let state = serde_json::from_str::<serde_json::Value>(&text).ok()?;
+    let pid = state["init_process_pid"]
+        .as_u64()
+        .and_then(|p| u32::try_from(p).ok())?;
+    let cgroups = state["cgroup_paths"]
+        .as_object()
+        .map(|paths| {
+            paths
+                .values()
+                .filter_map(|v| v.as_str())
+                .map(PathBuf::from)
+                .collect()
+        })
+        .unwrap_or_default();
+    Some(RuncContainer { pid, cgroups })
+}
+
+/// The sockets of this containerd's shims, from each task's `address` (1.x) or
+/// `bootstrap.json` (2.x) file.
+fn shim_sockets(state: &Path) -> Vec<PathBuf> {
+    let tasks = state.join("io.containerd.runtime.v2.task");
+    let dirs = |p: &Path| {
+        std::fs::read_dir(p)
+            .into_iter()
+            .flatten()
+            .flatten()
+            .map(|e| e.path())
+            .collect::<Vec<_>>()
+    };
+    let mut sockets = Vec::new();
+    for task in dirs(&tasks).iter().flat_map(|namespace| dirs(namespace)) {
+        let address = std::fs::read_to_string(task.join("address")).ok().or_else(|| {
+            let bootstrap = std::fs::read_to_string(task.join("bootstrap.json")).ok()?;
+            let bootstrap: serde_json::Value = serde_json::from_str(&bootstrap).ok()?;
+            bootstrap["address"].as_str().map(str::to_string)
+        });
+        if let Some(path) = address.as_deref().and_then(|a| a.trim().strip_prefix("unix://")) {
+            sockets.push(PathBuf::from(path));
+        }
+    }
+    sockets.sort();
+    sockets.dedup();
+    sockets
+}
+
+/// The containerd-shim processes serving the containerd at `socket`.
+fn shims_of(socket: &Path) -> Vec<u32> {
+    processes::with_argument(b"containerd-shim", socket.as_os_str().as_encoded_bytes())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn layout() -> Layout {
+        let p = |s: &str| PathBuf::from(format!("/t/{s}"));
+        Layout {
+            root: p("root"),
+            state: p("state"),
+            socket: p("containerd.sock"),
+            config: p("containerd.toml"),
+            runc_root: p("runc"),
+            cni_conf: p("cni/net.d"),
+            cni_bin: p("cni/bin"),
+            path_dir: p("bin"),
+            log: p("containerd.log"),
+        }
+    }
+
+    fn options() -> ContainerdOptions {
+        ContainerdOptions {
+            gpu_mps_config: None,
+            gpu_mps_shim: Some(PathBuf::from("/x/gpu-mps-shim")),
+        }
+    }
+
+    #[test]
+    fn configs_parse_and_register_both_handlers() {
+        for (version, text) in [
+            (2, config_v2(&layout(), Snapshotter::Overlayfs, &options())),
+            (3, config_v3(&layout(), Snapshotter::Native, &options())),
+        ] {
+            let parsed: toml::Table = toml::from_str(&text).unwrap_or_else(|e| panic!("{e}\n{text}"));
+            assert_eq!(parsed["version"].as_integer(), Some(version));
+            let plugins = parsed["plugins"].as_table().unwrap();
+            let containerd = if version == 2 {
+                &plugins["io.containerd.grpc.v1.cri"]["containerd"]
+            } else {
+                &plugins["io.containerd.cri.v1.runtime"]["containerd"]
+            };
+            let gpu = &containerd["runtimes"]["gpu-mps"];
+            assert_eq!(gpu["runtime_type"].as_str(), Some("io.containerd.runc.v2"));
+            assert_eq!(gpu["options"]["BinaryName"].as_str(), Some("/x/gpu-mps-shim"));
+            assert_eq!(gpu["pod_annotations"].as_array().unwrap().len(), 2);
+            assert_eq!(containerd["default_runtime_name"].as_str(), Some("runc"));
+        }
+    }
+
+    #[test]
+    fn no_gpu_mps_handler_without_a_shim() {
+        let text = config_v2(&layout(), Snapshotter::Overlayfs, &ContainerdOptions::default());
+        assert!(!text.contains("gpu-mps]"), "{text}");
+    }
+}

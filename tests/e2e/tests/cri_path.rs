@@ -1,0 +1,423 @@
+//! gpu-mps through the CRI runtime handler `gpu-mps`, with this harness playing kubelet and the
+//! device plugin (it sets NVIDIA_VISIBLE_DEVICES): sharing, policies, tenancy, capacity, idle
+//! shutdown, and the messages a CRI client sees when gpu-mps refuses a container.
+//!
+//! Needs the workspace built (`cargo build --workspace`) and the static checker; see
+//! gpu_mps_e2e::binaries. Run: `cargo test -p gpu-mps-e2e --test cri_path -- --nocapture`.
+
+use std::time::Duration;
+
+use anyhow::{Context, Result, bail, ensure};
+use gpu_mps_api::node_config::Tenancy;
+use gpu_mps_e2e::checker::{CONTAINER_PIPE_DIR, MpsClient, Report};
+use gpu_mps_e2e::containerd::{CRI_NAMESPACE, GPU_MPS_HANDLER};
+use gpu_mps_e2e::cri::{Container, Pod};
+use gpu_mps_e2e::image::{NVIDIA_SMI_PATH, TEST_IMAGE};
+use gpu_mps_e2e::manager::IDLE_GRACE_SECONDS;
+use gpu_mps_e2e::{ContainerSpec, CriClient, GpuNode, LimitsConfig, PodSpec, Suite, per_suite, processes};
+
+per_suite!(
+    two_containers_share_one_daemon,
+    uniform_refuses_another_class_until_it_left,
+    ceiling_runs_mixed_sizes,
+    exclusive_tenancy_refuses_another_namespace,
+    bad_requests_fail_with_their_message,
+);
+
+const GIB: u64 = 1 << 30;
+const WAIT: Duration = Duration::from_secs(20);
+/// Long enough to outlive any test; containers are removed (or killed) before.
+const HOLD: &str = "--hold-seconds=300";
+
+/// A pod of the gpu-mps runtime class.
+fn gpu_pod(name: &str, namespace: &str) -> PodSpec {
+    PodSpec::new(name, namespace, GPU_MPS_HANDLER)
+}
+
+/// A container on `gpu` that connects to its MPS daemon as a CUDA process would, prints what
+/// the daemon said, and stays connected.
+fn client_container(name: &str, gpu: &str) -> ContainerSpec {
+    ContainerSpec::new(name, TEST_IMAGE)
+        .command(&["/checker"])
+        .args(&["mps-client", HOLD])
+        .gpu(gpu)
+}
+
+/// CreateContainer + StartContainer, as kubelet does; the error is the CRI status.
+async fn create_and_start(
+    cri: &mut CriClient,
+    pod: &Pod,
+    spec: &ContainerSpec,
+) -> Result<Container, tonic::Status> {
+    let container = cri.create_container(pod, spec).await?;
+    cri.start_container(&container).await?;
+    Ok(container)
+}
+
+/// Starts a client container and returns it with what the daemon told it.
+async fn start_client(
+    cri: &mut CriClient,
+    pod: &Pod,
+    spec: &ContainerSpec,
+) -> Result<(Container, MpsClient)> {
+    let container = create_and_start(cri, pod, spec)
+        .await
+        .with_context(|| format!("starting container {} in pod {}", spec.name, pod.spec.name))?;
+    let line = cri.first_stdout_line(&container, WAIT).await?;
+    let client = MpsClient::parse(&line)?;
+    ensure!(
+        client.connected,
+        "container {} did not reach its MPS daemon: {}",
+        spec.name,
+        client.json
+    );
+    Ok((container, client))
+}
+
+/// The CUDA_MPS_* variables of a running container's process, read from the host (an exec
+/// would not do: CRI builds an exec's environment from the spec it stored, not from the
+/// config.json the shim rewrote).
+fn mps_environ(node: &GpuNode, container: &Container) -> Result<Vec<String>> {
+    let pid = node
+        .containerd
+        .container_pid(CRI_NAMESPACE, &container.id)
+        .with_context(|| format!("runc has no state for container {}", container.name))?;
+    let mut env: Vec<String> = processes::environ(pid)?
+        .into_iter()
+        .filter(|v| v.starts_with("CUDA_MPS_"))
+        .collect();
+    env.sort();
+    Ok(env)
+}
+
+fn expected_env(memory_mib: u64, threads: u8) -> Vec<String> {
+    vec![
+        format!("CUDA_MPS_ACTIVE_THREAD_PERCENTAGE={threads}"),
+        format!("CUDA_MPS_PINNED_DEVICE_MEM_LIMIT=0={memory_mib}M"),
+        format!("CUDA_MPS_PIPE_DIRECTORY={CONTAINER_PIPE_DIR}"),
+    ]
+}
+
+/// The message of a refused StartContainer, which must contain every one of `needles`.
+fn expect_refusal(result: Result<Container, tonic::Status>, needles: &[&str]) -> Result<String> {
+    let status = match result {
+        Ok(container) => bail!(
+            "container {} started, expected a refusal mentioning {needles:?}",
+            container.name
+        ),
+        Err(status) => status,
+    };
+    let message = status.message().to_string();
+    println!("refused as expected ({:?}): {message}", status.code());
+    for needle in needles {
+        ensure!(
+            message.contains(needle),
+            "the CRI error does not mention {needle:?}: {message}"
+        );
+    }
+    Ok(message)
+}
+
+/// Two pods on one GPU share ONE daemon (one server); removal releases the leases; the idle
+/// daemon stops after the grace period.
+async fn two_containers_share_one_daemon(suite: Suite) -> Result<()> {
+    let node = GpuNode::start(&suite, LimitsConfig::uniform()).await?;
+    let mut cri = node.cri().await?;
+    let gpu = node.gpu_uuid(0).to_string();
+    let pod_a = cri
+        .run_pod_sandbox(&gpu_pod("infer-a", "default").gpu_limits("4Gi", 25))
+        .await?;
+    let pod_b = cri
+        .run_pod_sandbox(&gpu_pod("infer-b", "default").gpu_limits("4Gi", 25))
+        .await?;
+    let (a, client_a) = start_client(&mut cri, &pod_a, &client_container("infer", &gpu)).await?;
+    let (b, client_b) = start_client(&mut cri, &pod_b, &client_container("infer", &gpu)).await?;
+
+    for (container, client) in [(&a, &client_a), (&b, &client_b)] {
+        ensure!(
+            client.threads.as_deref() == Some("25.0"),
+            "{}: server threads: {}",
+            container.id,
+            client.json
+        );
+        ensure!(
+            client.mem.get("0").map(String::as_str) == Some("4G"),
+            "{}: server memory: {}",
+            container.id,
+            client.json
+        );
+        ensure!(
+            mps_environ(&node, container)? == expected_env(4096, 25),
+            "{}: env {:?}",
+            container.id,
+            mps_environ(&node, container)?
+        );
+    }
+    ensure!(
+        client_a.server_pid == client_b.server_pid,
+        "two servers: {} / {}",
+        client_a.json,
+        client_b.json
+    );
+
+    let status = node.manager.status().await?;
+    let daemons = status.daemons_of(&gpu);
+    ensure!(
+        daemons.len() == 1 && status.daemons.len() == 1,
+        "expected one daemon: {status:#?}"
+    );
+    ensure!(
+        daemons[0].leases == 2,
+        "expected 2 leases on the daemon: {status:#?}"
+    );
+    ensure!(
+        status.lease(&a.id).is_some() && status.lease(&b.id).is_some(),
+        "leases: {status:#?}"
+    );
+    let control_pid = daemons[0].control_pid;
+    ensure!(
+        processes::alive(control_pid),
+        "the daemon's control pid {control_pid} does not run"
+    );
+
+    // An exec session sees the pod's mounts and masks (it joins the container's namespaces).
+    let exec = cri
+        .exec_sync(&a, &["/checker", "report"], Duration::from_secs(20))
+        .await?;
+    let seen = Report::parse(exec.last_line())?;
+    let smi_masked = seen.nvidia_smi.get(NVIDIA_SMI_PATH).is_some_and(|s| s.masked);
+    ensure!(
+        seen.mps_pipe_dir.control_is_socket && smi_masked,
+        "an exec session does not see the pipe dir or the nvidia-smi mask: {}",
+        seen.json
+    );
+    println!(
+        "exec session CUDA_MPS env (CRI builds it from its stored spec): {:?}",
+        seen.mps_env()
+    );
+
+    cri.delete_container(&a).await?;
+    cri.delete_container(&b).await?;
+    node.manager
+        .wait_status("leases released on removal", WAIT, |s| s.leases.is_empty())
+        .await?;
+    let grace = Duration::from_secs(IDLE_GRACE_SECONDS);
+    node.manager
+        .wait_status("idle daemon stopped", grace + WAIT, |s| s.daemons.is_empty())
+        .await?;
+    ensure!(
+        processes::wait_gone(&[control_pid], WAIT),
+        "the fake daemon {control_pid} still runs after the idle grace"
+    );
+    cri.delete_pod(&pod_a).await?;
+    cri.delete_pod(&pod_b).await?;
+    Ok(())
+}
+
+/// Policy uniform: a GPU serves one limit class at a time. Another class is refused at
+/// StartContainer with the current class in the message, and starts once that class is gone.
+async fn uniform_refuses_another_class_until_it_left(suite: Suite) -> Result<()> {
+    let node = GpuNode::start(&suite, LimitsConfig::uniform()).await?;
+    let mut cri = node.cri().await?;
+    let gpu = node.gpu_uuid(0).to_string();
+    let small = cri
+        .run_pod_sandbox(&gpu_pod("small", "default").gpu_limits("4Gi", 25))
+        .await?;
+    let large = cri
+        .run_pod_sandbox(&gpu_pod("large", "default").gpu_limits("8Gi", 50))
+        .await?;
+    let (first, _) = start_client(&mut cri, &small, &client_container("infer", &gpu)).await?;
+
+    let refused = cri
+        .create_container(&large, &client_container("infer", &gpu))
+        .await?;
+    let result = cri.start_container(&refused).await.map(|()| refused.clone());
+    expect_refusal(result, &[&gpu, "limit class 4Gi/25%"])?;
+    let status = node.manager.status().await?;
+    ensure!(
+        status.lease(&refused.id).is_none() && status.leases.len() == 1,
+        "the refused container holds a lease: {status:#?}"
+    );
+
+    // kubelet retries with a new container once the first class has left.
+    cri.remove_container(&refused).await?;
+    cri.delete_container(&first).await?;
+    node.manager
+        .wait_status("the 4Gi/25% lease released", WAIT, |s| s.leases.is_empty())
+        .await?;
+    let (second, client) = start_client(&mut cri, &large, &client_container("infer", &gpu)).await?;
+    ensure!(
+        client.threads.as_deref() == Some("50.0"),
+        "server threads after the class changed: {}",
+        client.json
+    );
+    ensure!(
+        client.mem.get("0").map(String::as_str) == Some("8G"),
+        "server memory after the class changed: {}",
+        client.json
+    );
+    ensure!(
+        mps_environ(&node, &second)? == expected_env(8192, 50),
+        "env {:?}",
+        mps_environ(&node, &second)?
+    );
+    cri.delete_container(&second).await?;
+    cri.delete_pod(&small).await?;
+    cri.delete_pod(&large).await?;
+    Ok(())
+}
+
+/// Policy ceiling (8Gi / 50 %): 4Gi/25% and 8Gi/50% containers share the GPU's server, which
+/// enforces the ceiling; each container's env has its own limits. The small one gets its
+/// limits from a container-level annotation, which beats the pod-level one.
+async fn ceiling_runs_mixed_sizes(suite: Suite) -> Result<()> {
+    let node = GpuNode::start(&suite, LimitsConfig::ceiling("8Gi", 50)).await?;
+    let mut cri = node.cri().await?;
+    let gpu = node.gpu_uuid(0).to_string();
+    let mixed = gpu_pod("mixed", "default")
+        .gpu_limits("8Gi", 50)
+        .container_gpu_limits("small", "4Gi", 25);
+    let mixed = cri.run_pod_sandbox(&mixed).await?;
+    let large = cri
+        .run_pod_sandbox(&gpu_pod("large", "default").gpu_limits("8Gi", 50))
+        .await?;
+    let (small_c, small_client) = start_client(&mut cri, &mixed, &client_container("small", &gpu)).await?;
+    let (large_c, large_client) = start_client(&mut cri, &large, &client_container("large", &gpu)).await?;
+
+    ensure!(
+        mps_environ(&node, &small_c)? == expected_env(4096, 25),
+        "small env {:?}",
+        mps_environ(&node, &small_c)?
+    );
+    ensure!(
+        mps_environ(&node, &large_c)? == expected_env(8192, 50),
+        "large env {:?}",
+        mps_environ(&node, &large_c)?
+    );
+    for client in [&small_client, &large_client] {
+        ensure!(
+            client.threads.as_deref() == Some("50.0")
+                && client.mem.get("0").map(String::as_str) == Some("8G"),
+            "the server does not enforce the ceiling 8Gi/50%: {}",
+            client.json
+        );
+    }
+    ensure!(
+        small_client.server_pid == large_client.server_pid,
+        "two servers on one GPU"
+    );
+
+    let status = node.manager.status().await?;
+    ensure!(status.policy == "ceiling", "policy {:?}", status.policy);
+    let daemons = status.daemons_of(&gpu);
+    ensure!(
+        daemons.len() == 1 && daemons[0].leases == 2,
+        "expected one daemon with 2 leases: {status:#?}"
+    );
+    let limits = |id: &str| {
+        status
+            .lease(id)
+            .map(|l| (l.memory_limit_bytes, l.active_thread_percentage))
+    };
+    ensure!(
+        limits(&small_c.id) == Some((4 * GIB, 25)),
+        "small lease: {:?}",
+        status.lease(&small_c.id)
+    );
+    ensure!(
+        limits(&large_c.id) == Some((8 * GIB, 50)),
+        "large lease: {:?}",
+        status.lease(&large_c.id)
+    );
+    cri.delete_container(&small_c).await?;
+    cri.delete_container(&large_c).await?;
+    cri.delete_pod(&mixed).await?;
+    cri.delete_pod(&large).await?;
+    Ok(())
+}
+
+/// Tenancy exclusive: a GPU serves one namespace at a time; another namespace's pod is
+/// refused on the busy GPU and runs on a free one.
+async fn exclusive_tenancy_refuses_another_namespace(suite: Suite) -> Result<()> {
+    let node = GpuNode::start(&suite, LimitsConfig::uniform().tenancy(Tenancy::Exclusive)).await?;
+    let mut cri = node.cri().await?;
+    let (gpu0, gpu1) = (node.gpu_uuid(0).to_string(), node.gpu_uuid(1).to_string());
+    let pod_a = cri
+        .run_pod_sandbox(&gpu_pod("infer", "team-a").gpu_limits("4Gi", 25))
+        .await?;
+    let pod_b = cri
+        .run_pod_sandbox(&gpu_pod("infer", "team-b").gpu_limits("4Gi", 25))
+        .await?;
+    let (a, _) = start_client(&mut cri, &pod_a, &client_container("infer", &gpu0)).await?;
+
+    let result = create_and_start(&mut cri, &pod_b, &client_container("infer", &gpu0)).await;
+    expect_refusal(result, &[&gpu0, "team-a", "exclusive"])?;
+    let (b, _) = start_client(&mut cri, &pod_b, &client_container("infer-other-gpu", &gpu1)).await?;
+
+    let status = node.manager.status().await?;
+    let namespace = |id: &str| status.lease(id).map(|l| l.namespace.clone());
+    ensure!(
+        namespace(&a.id).as_deref() == Some("team-a") && namespace(&b.id).as_deref() == Some("team-b"),
+        "leases: {status:#?}"
+    );
+    cri.delete_container(&a).await?;
+    cri.delete_container(&b).await?;
+    cri.delete_pod(&pod_a).await?;
+    cri.delete_pod(&pod_b).await?;
+    Ok(())
+}
+
+/// A malformed annotation and a request over the GPU's memory each fail at StartContainer,
+/// with the reason in the message the CRI client sees.
+async fn bad_requests_fail_with_their_message(suite: Suite) -> Result<()> {
+    let node = GpuNode::start(&suite, LimitsConfig::uniform()).await?;
+    let mut cri = node.cri().await?;
+    let gpu = node.gpu_uuid(0).to_string();
+
+    let bad = cri
+        .run_pod_sandbox(&gpu_pod("bad", "default").gpu_limits("4GB", 25))
+        .await?;
+    let result = create_and_start(&mut cri, &bad, &client_container("infer", &gpu)).await;
+    expect_refusal(result, &["gpu-mps.io/memory-limit", "4GB"])?;
+
+    // 3 x 8Gi on a 16Gi GPU: the third does not fit.
+    let mut pods = Vec::new();
+    let mut running = Vec::new();
+    for name in ["big-1", "big-2", "big-3"] {
+        pods.push(
+            cri.run_pod_sandbox(&gpu_pod(name, "default").gpu_limits("8Gi", 25))
+                .await?,
+        );
+    }
+    for pod in &pods[..2] {
+        running.push(
+            start_client(&mut cri, pod, &client_container("infer", &gpu))
+                .await?
+                .0,
+        );
+    }
+    let result = create_and_start(&mut cri, &pods[2], &client_container("infer", &gpu)).await;
+    expect_refusal(result, &[&gpu, "memory reserved"])?;
+
+    let status = node.manager.status().await?;
+    ensure!(
+        status.leases.len() == 2,
+        "expected only the two fitting leases: {status:#?}"
+    );
+    let reserved = status
+        .gpus
+        .iter()
+        .find(|g| g.uuid == gpu)
+        .map(|g| g.memory_reserved_bytes);
+    ensure!(
+        reserved == Some(16 * GIB),
+        "GPU {gpu} reserved {reserved:?}, expected 16Gi"
+    );
+    for container in &running {
+        cri.delete_container(container).await?;
+    }
+    for pod in pods.iter().chain([&bad]) {
+        cri.delete_pod(pod).await?;
+    }
+    Ok(())
+}

@@ -1,0 +1,323 @@
+//! gpu-mps through plain `ctr run --runc-binary gpu-mps-shim`, the way a person debugs a node:
+//! what a GPU container sees, what a non-GPU container does not see, and that a container
+//! cannot override what the shim sets.
+//!
+//! Needs the workspace built (`cargo build --workspace`) and the static checker; see
+//! gpu_mps_e2e::binaries. Run: `cargo test -p gpu-mps-e2e --test ctr_path -- --nocapture`.
+
+use std::path::Path;
+use std::time::Duration;
+
+use anyhow::{Context, Result, ensure};
+use gpu_mps_e2e::checker::{CONTAINER_PIPE_DIR, MpsClient, Report, host_namespace};
+use gpu_mps_e2e::ctr::{CTR_NAMESPACE, CtrOutput};
+use gpu_mps_e2e::image::{CHECKER_PATH, NVIDIA_SMI_PATH};
+use gpu_mps_e2e::{CtrRun, GpuNode, LimitsConfig, Suite, per_suite, processes};
+
+per_suite!(
+    gpu_container_sees_its_daemon,
+    container_cannot_override_the_shim,
+    non_gpu_container_is_untouched
+);
+
+/// A container of GPU `gpu` with limits 4Gi / 25 %, through gpu-mps-shim.
+fn gpu_run(node: &GpuNode, rootfs: &Path, gpu: &str, args: &[&str]) -> CtrRun {
+    CtrRun::checker("gpu", rootfs, args)
+        .runc_binary(&node.bins.shim)
+        .gpu(gpu)
+        .gpu_limits("4Gi", 25)
+}
+
+fn succeeded(what: &str, out: &CtrOutput) -> Result<()> {
+    ensure!(
+        out.status.success(),
+        "{what} failed ({}): stdout {:?} stderr {:?}",
+        out.status,
+        out.stdout,
+        out.stderr
+    );
+    Ok(())
+}
+
+async fn report_of(node: &GpuNode, run: &CtrRun) -> Result<Report> {
+    let out = node.containerd.ctr().run(run).await?;
+    succeeded(&format!("ctr run {}", run.id), &out)?;
+    Report::parse(out.last_line())
+}
+
+/// The env, the read-only pipe dir of ITS GPU's daemon, a private /dev/shm and IPC namespace,
+/// nvidia-smi masked, no capability added; and the fake daemon serves the pod's limits.
+async fn gpu_container_sees_its_daemon(suite: Suite) -> Result<()> {
+    let node = GpuNode::start(&suite, LimitsConfig::uniform()).await?;
+    let rootfs = node.rootfs()?;
+    let uuid = node.gpu_uuid(0).to_string();
+    let run = gpu_run(&node, &rootfs, &uuid, &["report"]);
+    let report = report_of(&node, &run).await?;
+    println!("GPU container report: {}", report.json);
+
+    let env = report.mps_env();
+    ensure!(
+        env.get("CUDA_MPS_PIPE_DIRECTORY") == Some(&CONTAINER_PIPE_DIR),
+        "pipe dir env: {env:?}"
+    );
+    ensure!(
+        env.get("CUDA_MPS_ACTIVE_THREAD_PERCENTAGE") == Some(&"25"),
+        "thread env: {env:?}"
+    );
+    ensure!(
+        env.get("CUDA_MPS_PINNED_DEVICE_MEM_LIMIT") == Some(&"0=4096M"),
+        "memory env: {env:?}"
+    );
+
+    let pipe = &report.mps_pipe_dir;
+    let mount = pipe.mount.as_ref().context("no mount at /tmp/nvidia-mps")?;
+    ensure!(
+        pipe.is_mount_point && mount.has_option("ro"),
+        "/tmp/nvidia-mps is not a read-only mount: {pipe:?}"
+    );
+    ensure!(
+        pipe.create_file == "EROFS",
+        "creating a file in /tmp/nvidia-mps gave {:?}, not EROFS",
+        pipe.create_file
+    );
+    ensure!(
+        pipe.control_exists && pipe.control_is_socket,
+        "no control socket in /tmp/nvidia-mps: {pipe:?}"
+    );
+    let host_pipe = node.manager.pipe_dir(&uuid);
+    ensure!(
+        !mount.root.is_empty() && host_pipe.to_string_lossy().ends_with(&mount.root),
+        "/tmp/nvidia-mps is {}, not the pipe dir of GPU {uuid}'s daemon {}",
+        mount.root,
+        host_pipe.display()
+    );
+
+    let shm = &report.dev_shm;
+    ensure!(
+        shm.marker_created,
+        "the checker could not write its /dev/shm marker: {shm:?}"
+    );
+    ensure!(
+        !Path::new(&shm.marker).exists(),
+        "the host's /dev/shm has the container's marker {}",
+        shm.marker
+    );
+    let ipc = report.namespaces.get("ipc").cloned().flatten();
+    ensure!(
+        ipc.is_some() && ipc != host_namespace("ipc"),
+        "the container shares the host's IPC namespace: {ipc:?}"
+    );
+
+    let smi = report
+        .nvidia_smi
+        .get(NVIDIA_SMI_PATH)
+        .context("no nvidia-smi entry in the report")?;
+    ensure!(
+        smi.masked && smi.head.as_deref() == Some(""),
+        "{NVIDIA_SMI_PATH} is not masked: {smi:?}"
+    );
+
+    // The same container through plain runc: the shim adds no capability, uid or gid.
+    let plain = report_of(
+        &node,
+        &CtrRun {
+            runc_binary: None,
+            ..gpu_run(&node, &rootfs, &uuid, &["report"])
+        },
+    )
+    .await?;
+    ensure!(
+        (report.cap_eff.as_ref(), report.uid, report.gid) == (plain.cap_eff.as_ref(), plain.uid, plain.gid),
+        "capabilities/uid/gid through the shim {:?} differ from plain runc {:?}",
+        (&report.cap_eff, report.uid, report.gid),
+        (&plain.cap_eff, plain.uid, plain.gid)
+    );
+    ensure!(
+        plain.mps_env().is_empty() && !plain.nvidia_smi[NVIDIA_SMI_PATH].masked,
+        "plain runc changed: {}",
+        plain.json
+    );
+
+    // A client reaches the fake daemon, whose server holds the pod's limits.
+    let out = node
+        .containerd
+        .ctr()
+        .run(&gpu_run(&node, &rootfs, &uuid, &["mps-client"]))
+        .await?;
+    succeeded("checker mps-client", &out)?;
+    let client = MpsClient::parse(out.last_line())?;
+    ensure!(client.connected, "mps-client did not connect: {}", client.json);
+    ensure!(
+        client.threads.as_deref() == Some("25.0"),
+        "server threads: {}",
+        client.json
+    );
+    ensure!(
+        client.mem.get("0").map(String::as_str) == Some("4G"),
+        "server memory: {}",
+        client.json
+    );
+
+    // GPU 1, named by index: its own daemon's pipe dir.
+    let other = report_of(&node, &gpu_run(&node, &rootfs, "1", &["report"])).await?;
+    let other_root = other.mps_pipe_dir.mount.map(|m| m.root).unwrap_or_default();
+    let other_pipe = node.manager.pipe_dir(node.gpu_uuid(1));
+    ensure!(
+        !other_root.is_empty() && other_pipe.to_string_lossy().ends_with(&other_root),
+        "GPU 1's container has {other_root}, not {}",
+        other_pipe.display()
+    );
+
+    // ctr run --rm deleted the containers: the poststop hook released their leases.
+    node.manager
+        .wait_status(
+            "leases released after ctr run --rm",
+            Duration::from_secs(10),
+            |s| s.leases.is_empty(),
+        )
+        .await?;
+    Ok(())
+}
+
+/// A container that sets CUDA_MPS_* itself and mounts something at /tmp/nvidia-mps still gets
+/// the pod's limits and its daemon's pipe dir: the shim strips the overrides, it does not only
+/// append (getenv returns the FIRST of duplicate names).
+async fn container_cannot_override_the_shim(suite: Suite) -> Result<()> {
+    let node = GpuNode::start(&suite, LimitsConfig::uniform()).await?;
+    let rootfs = node.rootfs()?;
+    let uuid = node.gpu_uuid(0).to_string();
+    let decoy = node.containerd.dir().join("decoy-pipe-dir");
+    std::fs::create_dir_all(&decoy)?;
+    let overriding = |args: &[&str]| {
+        gpu_run(&node, &rootfs, &uuid, args)
+            .env("CUDA_MPS_ACTIVE_THREAD_PERCENTAGE", "100")
+            .env("CUDA_MPS_PIPE_DIRECTORY", "/elsewhere")
+            .env("CUDA_MPS_PINNED_DEVICE_MEM_LIMIT", "0=100G")
+            .mount(&format!(
+                "type=bind,src={},dst={CONTAINER_PIPE_DIR},options=rbind:rw",
+                decoy.display()
+            ))
+    };
+
+    let report = report_of(&node, &overriding(&["report"])).await?;
+    let env = report.mps_env();
+    ensure!(
+        env.get("CUDA_MPS_ACTIVE_THREAD_PERCENTAGE") == Some(&"25"),
+        "thread env: {env:?}"
+    );
+    ensure!(
+        env.get("CUDA_MPS_PIPE_DIRECTORY") == Some(&CONTAINER_PIPE_DIR),
+        "pipe dir env: {env:?}"
+    );
+    ensure!(
+        env.get("CUDA_MPS_PINNED_DEVICE_MEM_LIMIT") == Some(&"0=4096M"),
+        "memory env: {env:?}"
+    );
+    let root = report
+        .mps_pipe_dir
+        .mount
+        .as_ref()
+        .map(|m| m.root.clone())
+        .unwrap_or_default();
+    ensure!(
+        !root.is_empty() && node.manager.pipe_dir(&uuid).to_string_lossy().ends_with(&root),
+        "pipe dir mount: {root}"
+    );
+    ensure!(
+        report.mps_pipe_dir.create_file == "EROFS",
+        "the decoy rw mount survived: {:?}",
+        report.mps_pipe_dir
+    );
+
+    // The process's real environment, duplicates included, read from the host while it runs.
+    let run = overriding(&["sleep", "3"]);
+    let ctr = node.containerd.ctr();
+    let (out, environ) = tokio::join!(ctr.run(&run), async {
+        for _ in 0..100 {
+            // Until runc's init has exec'd the checker, the pid shows runc's own environment.
+            let pid = node.containerd.container_pid(CTR_NAMESPACE, &run.id);
+            if let Some(pid) =
+                pid.filter(|pid| processes::cmdline(*pid).first().map(String::as_str) == Some(CHECKER_PATH))
+            {
+                return Ok(processes::environ(pid)?);
+            }
+            tokio::time::sleep(Duration::from_millis(30)).await;
+        }
+        anyhow::bail!("container {} did not show up in runc's state", run.id)
+    });
+    succeeded("checker sleep", &out?)?;
+    let mps: Vec<String> = environ?
+        .into_iter()
+        .filter(|v| v.starts_with("CUDA_MPS_"))
+        .collect();
+    let mut sorted = mps.clone();
+    sorted.sort();
+    ensure!(
+        sorted
+            == [
+                "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE=25",
+                "CUDA_MPS_PINNED_DEVICE_MEM_LIMIT=0=4096M",
+                "CUDA_MPS_PIPE_DIRECTORY=/tmp/nvidia-mps"
+            ],
+        "the container's environment has {mps:?}"
+    );
+
+    // A client that asked for /elsewhere lands on the daemon anyway.
+    let out = node.containerd.ctr().run(&overriding(&["mps-client"])).await?;
+    succeeded("checker mps-client", &out)?;
+    let client = MpsClient::parse(out.last_line())?;
+    ensure!(
+        client.connected && client.pipe_dir_used == CONTAINER_PIPE_DIR,
+        "mps-client: {}",
+        client.json
+    );
+    ensure!(
+        client.threads.as_deref() == Some("25.0"),
+        "server threads: {}",
+        client.json
+    );
+    Ok(())
+}
+
+/// Without a GPU (no NVIDIA_VISIBLE_DEVICES, or `none`), a container through the shim is the
+/// same as through plain runc, even with gpu-mps annotations.
+async fn non_gpu_container_is_untouched(suite: Suite) -> Result<()> {
+    let node = GpuNode::start(&suite, LimitsConfig::uniform()).await?;
+    let rootfs = node.rootfs()?;
+    for (what, gpu) in [
+        ("no NVIDIA_VISIBLE_DEVICES", None),
+        ("NVIDIA_VISIBLE_DEVICES=none", Some("none")),
+    ] {
+        let run = || {
+            let run = CtrRun::checker("nogpu", &rootfs, &["report"]).gpu_limits("4Gi", 25);
+            match gpu {
+                Some(gpu) => run.gpu(gpu),
+                None => run,
+            }
+        };
+        let plain = report_of(&node, &run()).await?;
+        let report = report_of(&node, &run().runc_binary(&node.bins.shim)).await?;
+        ensure!(
+            report.mps_env().is_empty(),
+            "{what}: CUDA_MPS env through the shim: {:?}",
+            report.mps_env()
+        );
+        ensure!(
+            !report.mps_pipe_dir.exists,
+            "{what}: /tmp/nvidia-mps exists: {:?}",
+            report.mps_pipe_dir
+        );
+        ensure!(
+            report.comparable() == plain.comparable(),
+            "{what}: the shim changed the container:\n shim:  {}\n plain: {}",
+            report.comparable(),
+            plain.comparable()
+        );
+    }
+    let status = node.manager.status().await?;
+    ensure!(
+        status.leases.is_empty() && status.daemons.is_empty(),
+        "a non-GPU container got a lease: {status:?}"
+    );
+    Ok(())
+}

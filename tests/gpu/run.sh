@@ -1,0 +1,277 @@
+#!/usr/bin/env bash
+# The GPU suite: real containerd + runc + gpu-mps + real CUDA containers on a machine with an
+# NVIDIA GPU, MPS binaries and nvcc, but no containerd (carried in .carry/, see tests/gpu/pack.sh).
+#
+#   tests/gpu/pack.sh          # here: fill .carry/
+#   bash tests/gpu/run.sh      # there, as root, from the repo root; results under $OUT
+#
+# What it shows (issue 2, point 7): Q1 through real containers (only the pipe dir), Q2 under
+# both policies, uniform and ceiling enforcement, refusal and later start, idle stop, and the
+# ctr run overhead of gpu-mps against plain runc. It never changes compute mode, clocks, MIG or
+# persistence, and quits every MPS daemon it started (trap on EXIT).
+set -uo pipefail
+OUT=${OUT:-/tmp/gpu-mps-out}
+mkdir -p "$OUT"
+exec > >(tee "$OUT/run.log") 2>&1
+REPO=$(pwd)
+W=/tmp/gpu-mps-gpu
+RESULTS=$OUT/results.tsv
+: >"$RESULTS"
+
+log() { echo "[$(date +%H:%M:%S)] $*"; }
+# row <id> <PASS|FAIL|INFO> <what> <measured>
+row() { printf '%s\t%s\t%s\t%s\n' "$1" "$2" "$3" "$4" | tee -a "$RESULTS"; }
+check() { # check <id> <what> <measured> <condition: one shell expression, e.g. '[ "$X" = 1 ] && [ "$Y" = 2 ]'>
+    local id=$1 what=$2 measured=$3 cond=$4
+    if eval "$cond"; then row "$id" PASS "$what" "$measured"; else row "$id" FAIL "$what" "$measured"; fi
+}
+jget() { python3 -c "import json,sys; d=json.loads(sys.argv[1]); print(eval(sys.argv[2], {}, {'d': d}))" "$1" "$2" 2>/dev/null; }
+last_json() { grep -E '^\{' "$1" | tail -n1; }
+
+cleanup() {
+    log "teardown"
+    for id in $(ctr_ task ls -q 2>/dev/null); do ctr_ task kill -s KILL "$id" >/dev/null 2>&1; done
+    sleep 1
+    for id in $(ctr_ containers ls -q 2>/dev/null); do ctr_ task delete -f "$id" >/dev/null 2>&1; ctr_ containers rm "$id" >/dev/null 2>&1; done
+    stop_manager
+    for p in "$W"/root/daemons/*/pipe; do
+        [ -S "$p/control" ] && echo quit | CUDA_MPS_PIPE_DIRECTORY=$p nvidia-cuda-mps-control >/dev/null 2>&1
+    done
+    [ -n "${CTD_PID:-}" ] && kill "$CTD_PID" 2>/dev/null && wait "$CTD_PID" 2>/dev/null
+    cp "$W"/root/daemons/*/log/*.log "$OUT/" 2>/dev/null
+    pgrep -a nvidia-cuda-mps || log "no MPS process left"
+}
+trap cleanup EXIT
+
+rm -rf "$W" && mkdir -p "$W"/{ctd,bin,rootfs-base/check}
+log "unpack"
+tar -C "$W/ctd" -xJf .carry/containerd-trixie.tar.xz
+tar -C "$W/bin" -xJf .carry/gpu-mps-bin.tar.xz
+export PATH=$W/ctd/sbin:$W/ctd/bin:$W/bin:$PATH
+COMMIT=$(head -n1 .carry/COMMIT 2>/dev/null || echo unknown)
+UUID=$(nvidia-smi --query-gpu=uuid --format=csv,noheader | head -n1)
+DRIVER=$(nvidia-smi --query-gpu=driver_version --format=csv,noheader | head -n1)
+GPU_NAME=$(nvidia-smi --query-gpu=name --format=csv,noheader | head -n1)
+MODE=$(nvidia-smi --query-gpu=compute_mode --format=csv,noheader | head -n1)
+{
+    echo "date: $(date -u +%Y-%m-%dT%H:%M:%SZ)"
+    echo "commit: $COMMIT ($(sed -n 2p .carry/COMMIT 2>/dev/null))"
+    echo "gpu: $GPU_NAME $UUID, driver $DRIVER, compute mode $MODE"
+    echo "containerd: $(containerd --version)"
+    echo "runc: $(runc --version | head -n1)"
+    echo "kernel: $(uname -r), cgroup: $(stat -fc %T /sys/fs/cgroup)"
+} | tee "$OUT/env.txt"
+
+log "build mps-check"
+nvcc -O2 -o "$W/rootfs-base/check/mps-check" tests/gpu/mps-check.cu || exit 1
+cp "$W/bin/gpu-mps-checker" "$W/rootfs-base/check/checker"
+SMS_TOTAL=$(jget "$("$W/rootfs-base/check/mps-check" --tag host)" "d['sms']")
+log "GPU has $SMS_TOTAL SMs (direct context on the host, before any daemon)"
+mkdir -p "$W/rootfs-base"/{proc,sys,dev,tmp,usr,lib,lib64,bin,etc,sbin}
+
+# containerd with a private root, state and socket; GPU_MPS_CONFIG reaches the shim through it.
+CFG=$W/gpu-mps.toml
+cat >"$W/containerd.toml" <<EOF
+version = 2
+root = "$W/ctd-root"
+state = "$W/ctd-state"
+[grpc]
+  address = "$W/containerd.sock"
+EOF
+GPU_MPS_CONFIG=$CFG containerd --config "$W/containerd.toml" >"$OUT/containerd.log" 2>&1 &
+CTD_PID=$!
+for _ in $(seq 100); do [ -S "$W/containerd.sock" ] && break; sleep 0.1; done
+ctr_() { ctr --address "$W/containerd.sock" "$@"; }
+ctr_ version >/dev/null || { log "containerd did not start"; tail "$OUT/containerd.log"; exit 1; }
+
+write_config() { # write_config <policy> [ceiling-mem ceiling-threads]
+    cat >"$CFG" <<EOF
+root = "$W/root"
+hook_path = "$W/bin/gpu-mps-hook"
+runc_path = "$W/ctd/sbin/runc"
+[limits]
+policy = "$1"
+default_memory_limit = "4Gi"
+default_active_thread_percentage = 25
+${2:+ceiling_memory_limit = \"$2\"}
+${3:+ceiling_active_thread_percentage = $3}
+[daemon]
+control_binary = "nvidia-cuda-mps-control"
+# Never change the compute mode of a shared test GPU.
+exclusive_process = false
+idle_grace_seconds = 4
+EOF
+}
+MGR_PID=""
+start_manager() { # start_manager <label>
+    GPU_MPS_CONFIG=$CFG gpu-mps-manager >"$OUT/manager-$1.log" 2>&1 &
+    MGR_PID=$!
+    for _ in $(seq 100); do [ -S "$W/root/manager.sock" ] && return 0; sleep 0.1; done
+    log "manager did not start"; tail "$OUT/manager-$1.log"; return 1
+}
+stop_manager() {
+    [ -n "$MGR_PID" ] || return 0
+    kill -TERM "$MGR_PID" 2>/dev/null
+    wait "$MGR_PID" 2>/dev/null
+    MGR_PID=""
+}
+status_json() { GPU_MPS_CONFIG=$CFG gpu-mps status --json; }
+
+DEVS=""; for d in /dev/nvidia0 /dev/nvidiactl /dev/nvidia-uvm /dev/nvidia-uvm-tools; do [ -e $d ] && DEVS="$DEVS --device $d"; done
+MNTS=""; for m in /usr /lib /lib64 /bin /sbin /etc; do [ -e $m ] && [ ! -L $m ] && MNTS="$MNTS --mount type=bind,src=$m,dst=$m,options=rbind:ro"; done
+N=0
+# run_ctr <name> <runtime: gpu-mps|runc> <mem|-> <threads|-> -- <command...>; output in $OUT/<name>.out
+run_ctr() {
+    local name=$1 rt=$2 mem=$3 thr=$4; shift 5
+    N=$((N + 1))
+    local rootfs=$W/rootfs-$name
+    rm -rf "$rootfs" && cp -a "$W/rootfs-base" "$rootfs"
+    local extra=()
+    if [ "$rt" = gpu-mps ]; then
+        extra+=(--runc-binary "$W/bin/gpu-mps-shim" --env "NVIDIA_VISIBLE_DEVICES=$UUID")
+        [ "$mem" != - ] && extra+=(--annotation "gpu-mps.io/memory-limit=$mem")
+        [ "$thr" != - ] && extra+=(--annotation "gpu-mps.io/active-thread-percentage=$thr")
+    fi
+    # shellcheck disable=SC2086
+    timeout 120 ctr --address "$W/containerd.sock" run --rm --rootfs $DEVS $MNTS "${extra[@]}" "$rootfs" "$name-$N" "$@" \
+        >"$OUT/$name.out" 2>"$OUT/$name.err"
+}
+
+# ---------------------------------------------------------------------------------------
+# load <name>: the last JSON line of a container's output into SMS, A0, A1 (first and second
+# allocation ok?), OK, INIT and J.
+load() {
+    J=$(last_json "$OUT/$1.out")
+    SMS=$(jget "$J" "d['sms']"); A0=$(jget "$J" "d['allocs'][0]['ok']"); A1=$(jget "$J" "d['allocs'][1]['ok']")
+    OK=$(jget "$J" "d['ok']"); INIT=$(jget "$J" "d['init_s']")
+    SEEN="sms=${SMS:-?} alloc0=${A0:-?} alloc1=${A1:-?}"
+}
+quarter='[ "${SMS:-0}" -ge 30 ] && [ "${SMS:-0}" -le 35 ]'
+half='[ "${SMS:-0}" -ge 64 ] && [ "${SMS:-0}" -le 68 ]'
+
+log "E1 (Q1): one container, 4Gi/25%, only the pipe dir injected; private IPC, PID, /dev/shm"
+write_config uniform
+start_manager uniform || exit 1
+run_ctr q1 gpu-mps 4Gi 25 -- /check/mps-check --alloc-mib 3000 --alloc-mib 5000 --tag q1
+load q1
+check E1.sm "25% container sees a quarter of the SMs (of $SMS_TOTAL)" "$SEEN" "$quarter"
+check E1.mem "4Gi limit: 3000 MiB allocates, 5000 MiB fails" "$SEEN" '[ "$A0" = True ] && [ "$A1" = False ]'
+run_ctr q1-ns gpu-mps 4Gi 25 -- /check/checker report
+J=$(last_json "$OUT/q1-ns.out")
+HOST_IPC=$(readlink /proc/self/ns/ipc)
+C_IPC=$(jget "$J" "d['namespaces']['ipc']")
+RO=$(jget "$J" "d['mps_pipe_dir']['create_file']")
+SMI=$(jget "$J" "sorted(p for p, v in d['nvidia_smi'].items() if v['exists'] and v['masked'])")
+UNMASKED=$(jget "$J" "sorted(p for p, v in d['nvidia_smi'].items() if v['exists'] and not v['masked'])")
+MARKER=$(jget "$J" "d['dev_shm']['marker']")
+check E1.ipc "container IPC namespace is its own" "host=$HOST_IPC container=$C_IPC" '[ -n "$C_IPC" ] && [ "$C_IPC" != "$HOST_IPC" ]'
+check E1.ro "/tmp/nvidia-mps is read-only in the container" "create=$RO" '[ "$RO" = EROFS ]'
+check E1.smi "nvidia-smi (host /usr is mounted in) is masked" "masked=$SMI unmasked=$UNMASKED" '[ "$SMI" != "[]" ] && [ "$UNMASKED" = "[]" ]'
+check E1.shm "/dev/shm is the container's own (its marker is not on the host)" "marker=$MARKER" '[ -n "$MARKER" ] && [ ! -e "$MARKER" ]'
+
+log "E2: two 4Gi/25% containers concurrently; 8Gi/50% refused while they run, starts after"
+run_ctr u-a gpu-mps 4Gi 25 -- /check/mps-check --alloc-mib 3000 --alloc-mib 5000 --busy-seconds 6 --tag u-a &
+PA=$!
+run_ctr u-b gpu-mps 4Gi 25 -- /check/mps-check --alloc-mib 3000 --alloc-mib 5000 --busy-seconds 6 --tag u-b &
+PB=$!
+sleep 3
+S=$(status_json)
+LEASES=$(jget "$S" "len(d['leases'])"); DAEMONS=$(jget "$S" "len(d['daemons'])")
+check E2.shared "both containers lease the GPU's one daemon" "leases=$LEASES daemons=$DAEMONS" '[ "$LEASES" = 2 ] && [ "$DAEMONS" = 1 ]'
+run_ctr u-big-refused gpu-mps 8Gi 50 -- /check/mps-check --tag refused
+RC=$?
+MSG=$(tr '\n' ' ' <"$OUT/u-big-refused.err" | grep -o 'gpu-mps: .*' | cut -c1-240)
+check E2.refused "8Gi/50% refused while the 4Gi/25% class runs" "rc=$RC $MSG" '[ $RC -ne 0 ] && grep -q "limit class 4Gi/25%" "$OUT/u-big-refused.err"'
+wait $PA $PB
+for c in u-a u-b; do
+    load $c
+    check "E2.$c" "$c held to 4Gi/25% while sharing" "$SEEN launches/s=$(jget "$J" "d['launches_per_s']")" "$quarter"' && [ "$A0" = True ] && [ "$A1" = False ]'
+done
+run_ctr u-big gpu-mps 8Gi 50 -- /check/mps-check --alloc-mib 7000 --alloc-mib 9000 --tag big
+load u-big
+check E2.after "8Gi/50% starts once the GPU is free, with its own limits" "$SEEN" "$half"' && [ "$A0" = True ] && [ "$A1" = False ]'
+
+log "E3 (Q2, uniform): a container that raises, unsets or redirects its own MPS env"
+run_ctr esc-raise gpu-mps 4Gi 25 -- /usr/bin/env CUDA_MPS_ACTIVE_THREAD_PERCENTAGE=100 CUDA_MPS_PINNED_DEVICE_MEM_LIMIT=0=64G /check/mps-check --alloc-mib 3000 --alloc-mib 5000 --tag raise
+load esc-raise
+check E3.raise "env raised to 100%/64G: the server still holds it to 4Gi/25%" "$SEEN" "$quarter"' && [ "$A1" = False ]'
+run_ctr esc-unset gpu-mps 4Gi 25 -- /usr/bin/env -u CUDA_MPS_PIPE_DIRECTORY -u CUDA_MPS_ACTIVE_THREAD_PERCENTAGE -u CUDA_MPS_PINNED_DEVICE_MEM_LIMIT /check/mps-check --alloc-mib 3000 --alloc-mib 5000 --tag unset
+load esc-unset
+check E3.unset "env unset: the default path /tmp/nvidia-mps still reaches MPS, limits hold" "$SEEN" "$quarter"' && [ "$A1" = False ]'
+run_ctr esc-redirect gpu-mps 4Gi 25 -- /usr/bin/env CUDA_MPS_PIPE_DIRECTORY=/tmp/elsewhere /check/mps-check --alloc-mib 3000 --alloc-mib 5000 --tag redirect
+load esc-redirect
+row E3.redirect INFO "pipe dir pointed elsewhere; compute mode is $MODE (EXCLUSIVE_PROCESS not allowed on this shared GPU)" "$SEEN ok=$OK error=$(jget "$J" "d.get('error','')")"
+stop_manager
+
+log "E4: policy ceiling 8Gi/50%: 4Gi/25% and 8Gi/50% together, each with its own limits"
+write_config ceiling 8Gi 50
+start_manager ceiling || exit 1
+run_ctr c-small gpu-mps 4Gi 25 -- /check/mps-check --alloc-mib 3000 --alloc-mib 5000 --busy-seconds 5 --tag c-small &
+PA=$!
+run_ctr c-big gpu-mps 8Gi 50 -- /check/mps-check --alloc-mib 7000 --alloc-mib 9000 --busy-seconds 5 --tag c-big &
+PB=$!
+sleep 2.5
+S=$(status_json)
+LEASES=$(jget "$S" "len(d['leases'])"); DAEMONS=$(jget "$S" "len(d['daemons'])")
+check E4.together "both leased at once on one daemon" "leases=$LEASES daemons=$DAEMONS" '[ "$LEASES" = 2 ] && [ "$DAEMONS" = 1 ]'
+wait $PA $PB
+load c-small
+check E4.small "4Gi/25% container under ceiling sees its own limits" "$SEEN" "$quarter"' && [ "$A0" = True ] && [ "$A1" = False ]'
+load c-big
+check E4.big "8Gi/50% container under ceiling sees its own limits" "$SEEN" "$half"' && [ "$A0" = True ] && [ "$A1" = False ]'
+
+log "E5 (Q2, ceiling): a 4Gi/25% container that raises or unsets its env"
+run_ctr cesc-raise gpu-mps 4Gi 25 -- /usr/bin/env CUDA_MPS_ACTIVE_THREAD_PERCENTAGE=100 CUDA_MPS_PINNED_DEVICE_MEM_LIMIT=0=64G /check/mps-check --alloc-mib 7000 --alloc-mib 9000 --tag craise
+load cesc-raise
+check E5.raise "env raised: reaches the ceiling 8Gi/50%, never more" "$SEEN" '[ "${SMS:-999}" -le 68 ] && [ "$A1" = False ]'
+run_ctr cesc-unset gpu-mps 4Gi 25 -- /usr/bin/env -u CUDA_MPS_ACTIVE_THREAD_PERCENTAGE -u CUDA_MPS_PINNED_DEVICE_MEM_LIMIT -u CUDA_MPS_PIPE_DIRECTORY /check/mps-check --alloc-mib 7000 --alloc-mib 9000 --tag cunset
+load cesc-unset
+check E5.unset "env unset: reaches the ceiling, never more" "$SEEN" '[ "${SMS:-999}" -le 68 ] && [ "$A1" = False ]'
+
+log "E6: the idle daemon stops after the grace period (4 s)"
+sleep 7
+S=$(status_json)
+DAEMONS=$(jget "$S" "len(d['daemons'])")
+check E6.idle "no daemon left after the grace period" "daemons=$DAEMONS mps processes=$(pgrep -c nvidia-cuda-mps || true)" '[ "$DAEMONS" = 0 ]'
+
+log "E7: ctr run --rm of a trivial container (checker exit 0): gpu-mps (warm daemon) vs plain runc"
+write_config ceiling 8Gi 50
+sed -i 's/idle_grace_seconds = 4/idle_grace_seconds = 600/' "$CFG"
+stop_manager; start_manager bench || exit 1
+run_ctr warmup gpu-mps 4Gi 25 -- /check/mps-check --tag warm >/dev/null
+: >"$OUT/bench.tsv"
+for i in $(seq 15); do
+    for rt in runc gpu-mps; do
+        t0=$(date +%s%N)
+        run_ctr "bench-$rt" "$rt" 4Gi 25 -- /check/checker exit 0
+        t1=$(date +%s%N)
+        printf '%s\t%s\n' "$rt" $(((t1 - t0) / 1000)) >>"$OUT/bench.tsv"
+    done
+done
+MED=$(python3 - "$OUT/bench.tsv" <<'EOF'
+import statistics, sys
+rows = [l.split() for l in open(sys.argv[1])]
+m = {rt: statistics.median(int(us) for r, us in rows if r == rt) for rt in ("runc", "gpu-mps")}
+print(f"runc={m['runc']/1000:.1f}ms gpu-mps={m['gpu-mps']/1000:.1f}ms ratio={m['gpu-mps']/m['runc']:.3f}")
+EOF
+)
+row E7.overhead INFO "median ctr run --rm, 15 alternating runs each" "$MED"
+
+log "E8: cold start, CreateContainer-to-first-kernel proxy: ctr run of mps-check (init_s = context create)"
+stop_manager; start_manager cold || exit 1
+for c in cold warm; do
+    t0=$(date +%s%N)
+    run_ctr "start-$c" gpu-mps 4Gi 25 -- /check/mps-check --tag "$c"
+    t1=$(date +%s%N)
+    load "start-$c"
+    row "E8.$c" INFO "ctr run total / CUDA init in container ($c daemon)" "total=$(((t1 - t0) / 1000000))ms init=${INIT}s"
+done
+t0=$(date +%s%N)
+run_ctr start-plain runc - - -- /check/mps-check --tag plain
+t1=$(date +%s%N)
+load start-plain
+row E8.plain INFO "ctr run total / CUDA init in container (plain runc, no MPS)" "total=$(((t1 - t0) / 1000000))ms init=${INIT}s"
+
+echo
+echo "=== results ($(grep -c PASS "$RESULTS") PASS, $(grep -c FAIL "$RESULTS") FAIL)"
+column -t -s $'\t' "$RESULTS" | cut -c1-220

@@ -1,0 +1,24 @@
+#!/usr/bin/env bash
+# The test command (README, .ci/run): everything that can run without a GPU.
+#   bash tests/run.sh
+# Installs its prerequisites, fetches containerd 1.6 / 1.7 / 2.x + runc from Debian into a private
+# cache, checks format and lints, builds, then runs the unit tests, the shim/manager/hook
+# integration tests and the end-to-end suites on real containerd through ctr and the CRI API.
+# Needs root (containerd, runc and mounts). The GPU suite is tests/gpu/run.sh, on a GPU machine.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+[ "$(id -u)" = 0 ] || { echo "tests/run.sh: run as root (containerd and runc need it): sudo bash tests/run.sh" >&2; exit 1; }
+bash scripts/setup-debian.sh
+[ -f "$HOME/.cargo/env" ] && . "$HOME/.cargo/env"
+export GPU_MPS_CACHE=${GPU_MPS_CACHE:-$HOME/.cache/gpu-mps}
+bash tests/support/fetch-containerd.sh "$GPU_MPS_CACHE"
+for s in "$GPU_MPS_CACHE"/containerd/*/; do echo "containerd suite $(basename "$s"): $(tr '\n' ' ' <"$s/VERSIONS")"; done
+
+step() { echo; echo "=== $*"; }
+step "format";  cargo fmt --all -- --check
+step "clippy";  cargo clippy --workspace --all-targets --locked -- -D warnings
+step "build";   cargo build --workspace --bins --locked
+RUSTFLAGS='-C target-feature=+crt-static' cargo build -p gpu-mps-checker --target x86_64-unknown-linux-gnu --locked
+step "tests";   cargo test --workspace --locked -- --nocapture 2>&1 | tee target/test-output.log
+step "versions tested"
+grep -hoE '(containerd|runc) (version )?v?[0-9][^ ]*[^ ]*' target/test-output.log | sort -u || true
