@@ -13,8 +13,10 @@ set -uo pipefail
 OUT=${OUT:-/tmp/gpu-mps-out}
 mkdir -p "$OUT"
 exec > >(tee "$OUT/run.log") 2>&1
-REPO=$(pwd)
 W=/tmp/gpu-mps-gpu
+# Per-container outputs and logs go to $D and come back as one archive: the device machine
+# returns at most 8 files.
+D=$W/out
 RESULTS=$OUT/results.tsv
 : >"$RESULTS"
 
@@ -38,12 +40,13 @@ cleanup() {
         [ -S "$p/control" ] && echo quit | CUDA_MPS_PIPE_DIRECTORY=$p nvidia-cuda-mps-control >/dev/null 2>&1
     done
     [ -n "${CTD_PID:-}" ] && kill "$CTD_PID" 2>/dev/null && wait "$CTD_PID" 2>/dev/null
-    cp "$W"/root/daemons/*/log/*.log "$OUT/" 2>/dev/null
+    cp "$W"/root/daemons/*/log/*.log "$D/" 2>/dev/null
     pgrep -a nvidia-cuda-mps || log "no MPS process left"
+    tar -C "$W" -cJf "$OUT/artifacts.tar.xz" out 2>/dev/null
 }
 trap cleanup EXIT
 
-rm -rf "$W" && mkdir -p "$W"/{ctd,bin,rootfs-base/check}
+rm -rf "$W" && mkdir -p "$W"/{ctd,bin,rootfs-base/check,out}
 log "unpack"
 tar -C "$W/ctd" -xJf .carry/containerd-trixie.tar.xz
 tar -C "$W/bin" -xJf .carry/gpu-mps-bin.tar.xz
@@ -60,7 +63,7 @@ MODE=$(nvidia-smi --query-gpu=compute_mode --format=csv,noheader | head -n1)
     echo "containerd: $(containerd --version)"
     echo "runc: $(runc --version | head -n1)"
     echo "kernel: $(uname -r), cgroup: $(stat -fc %T /sys/fs/cgroup)"
-} | tee "$OUT/env.txt"
+} | tee "$OUT/env.txt" "$D/env.txt"
 
 log "build mps-check"
 nvcc -O2 -o "$W/rootfs-base/check/mps-check" tests/gpu/mps-check.cu || exit 1
@@ -78,11 +81,11 @@ state = "$W/ctd-state"
 [grpc]
   address = "$W/containerd.sock"
 EOF
-GPU_MPS_CONFIG=$CFG containerd --config "$W/containerd.toml" >"$OUT/containerd.log" 2>&1 &
+GPU_MPS_CONFIG=$CFG containerd --config "$W/containerd.toml" >"$D/containerd.log" 2>&1 &
 CTD_PID=$!
 for _ in $(seq 100); do [ -S "$W/containerd.sock" ] && break; sleep 0.1; done
 ctr_() { ctr --address "$W/containerd.sock" "$@"; }
-ctr_ version >/dev/null || { log "containerd did not start"; tail "$OUT/containerd.log"; exit 1; }
+ctr_ version >/dev/null || { log "containerd did not start"; tail "$D/containerd.log"; exit 1; }
 
 write_config() { # write_config <policy> [ceiling-mem ceiling-threads]
     cat >"$CFG" <<EOF
@@ -104,10 +107,10 @@ EOF
 }
 MGR_PID=""
 start_manager() { # start_manager <label>
-    GPU_MPS_CONFIG=$CFG gpu-mps-manager >"$OUT/manager-$1.log" 2>&1 &
+    GPU_MPS_CONFIG=$CFG gpu-mps-manager >"$D/manager-$1.log" 2>&1 &
     MGR_PID=$!
     for _ in $(seq 100); do [ -S "$W/root/manager.sock" ] && return 0; sleep 0.1; done
-    log "manager did not start"; tail "$OUT/manager-$1.log"; return 1
+    log "manager did not start"; tail "$D/manager-$1.log"; return 1
 }
 stop_manager() {
     [ -n "$MGR_PID" ] || return 0
@@ -134,14 +137,14 @@ run_ctr() {
     fi
     # shellcheck disable=SC2086
     timeout 120 ctr --address "$W/containerd.sock" run --rm --rootfs $DEVS $MNTS "${extra[@]}" "$rootfs" "$name-$N" "$@" \
-        >"$OUT/$name.out" 2>"$OUT/$name.err"
+        >"$D/$name.out" 2>"$D/$name.err"
 }
 
 # ---------------------------------------------------------------------------------------
 # load <name>: the last JSON line of a container's output into SMS, A0, A1 (first and second
 # allocation ok?), OK, INIT and J.
 load() {
-    J=$(last_json "$OUT/$1.out")
+    J=$(last_json "$D/$1.out")
     SMS=$(jget "$J" "d['sms']"); A0=$(jget "$J" "d['allocs'][0]['ok']"); A1=$(jget "$J" "d['allocs'][1]['ok']")
     OK=$(jget "$J" "d['ok']"); INIT=$(jget "$J" "d['init_s']")
     SEEN="sms=${SMS:-?} alloc0=${A0:-?} alloc1=${A1:-?}"
@@ -157,7 +160,7 @@ load q1
 check E1.sm "25% container sees a quarter of the SMs (of $SMS_TOTAL)" "$SEEN" "$quarter"
 check E1.mem "4Gi limit: 3000 MiB allocates, 5000 MiB fails" "$SEEN" '[ "$A0" = True ] && [ "$A1" = False ]'
 run_ctr q1-ns gpu-mps 4Gi 25 -- /check/checker report
-J=$(last_json "$OUT/q1-ns.out")
+J=$(last_json "$D/q1-ns.out")
 HOST_IPC=$(readlink /proc/self/ns/ipc)
 C_IPC=$(jget "$J" "d['namespaces']['ipc']")
 RO=$(jget "$J" "d['mps_pipe_dir']['create_file']")
@@ -180,8 +183,8 @@ LEASES=$(jget "$S" "len(d['leases'])"); DAEMONS=$(jget "$S" "len(d['daemons'])")
 check E2.shared "both containers lease the GPU's one daemon" "leases=$LEASES daemons=$DAEMONS" '[ "$LEASES" = 2 ] && [ "$DAEMONS" = 1 ]'
 run_ctr u-big-refused gpu-mps 8Gi 50 -- /check/mps-check --tag refused
 RC=$?
-MSG=$(tr '\n' ' ' <"$OUT/u-big-refused.err" | grep -o 'gpu-mps: .*' | cut -c1-240)
-check E2.refused "8Gi/50% refused while the 4Gi/25% class runs" "rc=$RC $MSG" '[ $RC -ne 0 ] && grep -q "limit class 4Gi/25%" "$OUT/u-big-refused.err"'
+MSG=$(tr '\n' ' ' <"$D/u-big-refused.err" | grep -o 'gpu-mps: .*' | cut -c1-240)
+check E2.refused "8Gi/50% refused while the 4Gi/25% class runs" "rc=$RC $MSG" '[ $RC -ne 0 ] && grep -q "limit class 4Gi/25%" "$D/u-big-refused.err"'
 wait $PA $PB
 for c in u-a u-b; do
     load $c
@@ -239,16 +242,16 @@ write_config ceiling 8Gi 50
 sed -i 's/idle_grace_seconds = 4/idle_grace_seconds = 600/' "$CFG"
 stop_manager; start_manager bench || exit 1
 run_ctr warmup gpu-mps 4Gi 25 -- /check/mps-check --tag warm >/dev/null
-: >"$OUT/bench.tsv"
+: >"$D/bench.tsv"
 for i in $(seq 15); do
     for rt in runc gpu-mps; do
         t0=$(date +%s%N)
         run_ctr "bench-$rt" "$rt" 4Gi 25 -- /check/checker exit 0
         t1=$(date +%s%N)
-        printf '%s\t%s\n' "$rt" $(((t1 - t0) / 1000)) >>"$OUT/bench.tsv"
+        printf '%s\t%s\n' "$rt" $(((t1 - t0) / 1000)) >>"$D/bench.tsv"
     done
 done
-MED=$(python3 - "$OUT/bench.tsv" <<'EOF'
+MED=$(python3 - "$D/bench.tsv" <<'EOF'
 import statistics, sys
 rows = [l.split() for l in open(sys.argv[1])]
 m = {rt: statistics.median(int(us) for r, us in rows if r == rt) for rt in ("runc", "gpu-mps")}
@@ -274,4 +277,4 @@ row E8.plain INFO "ctr run total / CUDA init in container (plain runc, no MPS)" 
 
 echo
 echo "=== results ($(grep -c PASS "$RESULTS") PASS, $(grep -c FAIL "$RESULTS") FAIL)"
-column -t -s $'\t' "$RESULTS" | cut -c1-220
+(column -t -s $'\t' "$RESULTS" 2>/dev/null || cat "$RESULTS") | cut -c1-240
