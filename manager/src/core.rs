@@ -135,6 +135,7 @@ impl ManagerCore {
     /// Leases the container's daemon: admission, daemon start on demand, limits set and read
     /// back, lease recorded. Idempotent per container id.
     pub async fn acquire(&self, req: proto::AcquireRequest) -> Result<proto::AcquireResponse, ManagerError> {
+        let started = std::time::Instant::now();
         let request = validate(&req)?;
         let mut inner = self.inner.lock().await;
         if let Some(existing) = inner.state.leases.get(&req.container_id) {
@@ -175,7 +176,7 @@ impl ManagerCore {
         }
         inner.state.leases.insert(req.container_id.clone(), lease.clone());
         inner.state.save(&self.config.state_path())?;
-        info!(container = %req.container_id, namespace = %req.namespace, pod = %req.pod, gpus = %request.key, limits = %request.limits, server_limits = %server_limits, "lease acquired");
+        info!(container = %req.container_id, namespace = %req.namespace, pod = %req.pod, gpus = %request.key, limits = %request.limits, server_limits = %server_limits, elapsed_us = started.elapsed().as_micros() as u64, "lease acquired");
         Ok(self.response_for(&inner, &lease))
     }
 
@@ -258,13 +259,14 @@ impl ManagerCore {
     /// Drops a container's lease. Unknown containers are not an error (release is retried by
     /// runc on delete, and the reconciler may have dropped it already).
     pub async fn release(&self, container_id: &str) -> Result<bool, ManagerError> {
+        let started = std::time::Instant::now();
         let mut inner = self.inner.lock().await;
         let Some(lease) = inner.state.leases.remove(container_id) else {
             return Ok(false);
         };
         mark_idle_if_unused(&mut inner.state, &lease.key);
         inner.state.save(&self.config.state_path())?;
-        info!(container = %container_id, daemon = %lease.key, "lease released");
+        info!(container = %container_id, daemon = %lease.key, elapsed_us = started.elapsed().as_micros() as u64, "lease released");
         Ok(true)
     }
 

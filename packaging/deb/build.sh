@@ -1,10 +1,10 @@
 #!/usr/bin/env bash
 # Builds the gpu-mps Debian package with dpkg-deb from release binaries that are already built:
 #
-#   cargo build --release --workspace && packaging/deb/build.sh
+#   scripts/build-release.sh && packaging/deb/build.sh
 #
 # Output: target/debian/gpu-mps_<version>_<arch>.deb (version from [workspace.package] in Cargo.toml).
-# Binaries are taken from $GPU_MPS_BIN_DIR, else ${CARGO_TARGET_DIR:-target}/release.
+# Binaries are taken from $GPU_MPS_BIN_DIR, else ${CARGO_TARGET_DIR:-target}/dist (scripts/build-release.sh).
 #
 #   packaging/deb/build.sh --stub-binaries
 #
@@ -37,7 +37,7 @@ version=$(awk '
 ' "$repo/Cargo.toml")
 [ -n "$version" ] || die "no version in [workspace.package] of $repo/Cargo.toml"
 arch=$(dpkg --print-architecture)
-bin_dir=${GPU_MPS_BIN_DIR:-${CARGO_TARGET_DIR:-$repo/target}/release}
+bin_dir=${GPU_MPS_BIN_DIR:-${CARGO_TARGET_DIR:-$repo/target}/dist}
 binaries=(gpu-mps-shim gpu-mps-hook gpu-mps-manager gpu-mps)
 
 stage=$(mktemp -d)
@@ -56,7 +56,7 @@ for b in "${binaries[@]}"; do
         chmod 0755 "$root/usr/local/bin/$b"
         stubbed+=("$b")
     else
-        die "$bin_dir/$b is missing: run cargo build --release --workspace first (or set GPU_MPS_BIN_DIR)"
+        die "$bin_dir/$b is missing: run scripts/build-release.sh first (or set GPU_MPS_BIN_DIR)"
     fi
 done
 if [ ${#stubbed[@]} -gt 0 ]; then

@@ -14,10 +14,10 @@ if [ ! -f .carry/containerd-trixie.VERSIONS ] || ! cmp -s "$suite/VERSIONS" .car
     tar -C "$suite/usr" -cJf .carry/containerd-trixie.tar.xz bin/containerd bin/ctr bin/containerd-shim-runc-v2 sbin/runc
     cp "$suite/VERSIONS" .carry/containerd-trixie.VERSIONS
 fi
-cargo build --release -p gpu-mps-shim -p gpu-mps-hook -p gpu-mps-manager
+bash scripts/build-release.sh
 RUSTFLAGS='-C target-feature=+crt-static' cargo build --release -p gpu-mps-checker --target x86_64-unknown-linux-gnu
 stage=$(mktemp -d)
-cp target/release/{gpu-mps-shim,gpu-mps-hook,gpu-mps-manager,gpu-mps} "$stage/"
+cp target/dist/{gpu-mps-shim,gpu-mps-hook,gpu-mps-manager,gpu-mps} "$stage/"
 cp target/x86_64-unknown-linux-gnu/release/gpu-mps-checker "$stage/"
 tar -C "$stage" -cJf .carry/gpu-mps-bin.tar.xz .
 rm -rf "$stage"

@@ -36,17 +36,17 @@ cleanup() {
     sleep 1
     for id in $(ctr_ containers ls -q 2>/dev/null); do ctr_ task delete -f "$id" >/dev/null 2>&1; ctr_ containers rm "$id" >/dev/null 2>&1; done
     stop_manager
-    for p in "$W"/root/daemons/*/pipe; do
+    for p in /run/gpu-mps-test/daemons/*/pipe; do
         [ -S "$p/control" ] && echo quit | CUDA_MPS_PIPE_DIRECTORY=$p nvidia-cuda-mps-control >/dev/null 2>&1
     done
     [ -n "${CTD_PID:-}" ] && kill "$CTD_PID" 2>/dev/null && wait "$CTD_PID" 2>/dev/null
-    cp "$W"/root/daemons/*/log/*.log "$D/" 2>/dev/null
+    cp /run/gpu-mps-test/daemons/*/log/*.log "$D/" 2>/dev/null
     pgrep -a nvidia-cuda-mps || log "no MPS process left"
     tar -C "$W" -cJf "$OUT/artifacts.tar.xz" out 2>/dev/null
 }
 trap cleanup EXIT
 
-rm -rf "$W" && mkdir -p "$W"/{ctd,bin,rootfs-base/check,out}
+rm -rf "$W" /run/gpu-mps-test && mkdir -p "$W"/{ctd,bin,rootfs-base/check,out}
 log "unpack"
 tar -C "$W/ctd" -xJf .carry/containerd-trixie.tar.xz
 tar -C "$W/bin" -xJf .carry/gpu-mps-bin.tar.xz
@@ -89,7 +89,7 @@ ctr_ version >/dev/null || { log "containerd did not start"; tail "$D/containerd
 
 write_config() { # write_config <policy> [ceiling-mem ceiling-threads]
     cat >"$CFG" <<EOF
-root = "$W/root"
+root = "/run/gpu-mps-test"
 hook_path = "$W/bin/gpu-mps-hook"
 runc_path = "$W/ctd/sbin/runc"
 [limits]
@@ -109,7 +109,7 @@ MGR_PID=""
 start_manager() { # start_manager <label>
     GPU_MPS_CONFIG=$CFG gpu-mps-manager >"$D/manager-$1.log" 2>&1 &
     MGR_PID=$!
-    for _ in $(seq 100); do [ -S "$W/root/manager.sock" ] && return 0; sleep 0.1; done
+    for _ in $(seq 100); do [ -S /run/gpu-mps-test/manager.sock ] && return 0; sleep 0.1; done
     log "manager did not start"; tail "$D/manager-$1.log"; return 1
 }
 stop_manager() {
@@ -121,7 +121,18 @@ stop_manager() {
 status_json() { GPU_MPS_CONFIG=$CFG gpu-mps status --json; }
 
 DEVS=""; for d in /dev/nvidia0 /dev/nvidiactl /dev/nvidia-uvm /dev/nvidia-uvm-tools; do [ -e $d ] && DEVS="$DEVS --device $d"; done
-MNTS=""; for m in /usr /lib /lib64 /bin /sbin /etc; do [ -e $m ] && [ ! -L $m ] && MNTS="$MNTS --mount type=bind,src=$m,dst=$m,options=rbind:ro"; done
+# The container sees the host's userland read-only (CUDA program, libcuda, ld.so). On merged-/usr
+# systems (Ubuntu 24.04) /lib, /lib64, /bin and /sbin are symlinks into /usr: the rootfs gets the
+# same symlinks, and only real directories are bind-mounted.
+MNTS=""
+for m in /usr /lib /lib64 /bin /sbin /etc; do
+    if [ -L $m ]; then
+        rmdir "$W/rootfs-base$m" 2>/dev/null
+        ln -sfn "$(readlink $m)" "$W/rootfs-base$m"
+    elif [ -d $m ]; then
+        MNTS="$MNTS --mount type=bind,src=$m,dst=$m,options=rbind:ro"
+    fi
+done
 N=0
 # run_ctr <name> <runtime: gpu-mps|runc> <mem|-> <threads|-> -- <command...>; output in $OUT/<name>.out
 run_ctr() {

@@ -36,9 +36,11 @@ struct Args {
 fn init_logging(format: &str) {
     let filter = tracing_subscriber::EnvFilter::try_from_env("GPU_MPS_LOG")
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
+    // Colours only on a terminal: journald and log files get plain text.
     let builder = tracing_subscriber::fmt()
         .with_env_filter(filter)
-        .with_writer(std::io::stderr);
+        .with_writer(std::io::stderr)
+        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()));
     if format == "json" {
         builder.json().init();
     } else {

@@ -9,6 +9,9 @@ use anyhow::{Context, Result, bail};
 
 /// Overrides the static checker's path (e.g. a checker built elsewhere).
 pub const CHECKER_ENV: &str = "GPU_MPS_E2E_CHECKER";
+/// Takes gpu-mps-shim, gpu-mps-hook, gpu-mps-manager and gpu-mps from this directory instead of
+/// the cargo profile dir, e.g. `target/dist` from scripts/build-release.sh (what ships).
+pub const BIN_DIR_ENV: &str = "GPU_MPS_E2E_BIN_DIR";
 /// The target the static checker is built for: a static glibc binary runs in any image.
 pub const CHECKER_TARGET: &str = "x86_64-unknown-linux-gnu";
 const BUILD_WORKSPACE: &str = "cargo build --workspace";
@@ -30,9 +33,16 @@ impl Binaries {
     /// All of them; the error names every missing one and the command that builds it.
     pub fn locate() -> Result<Binaries> {
         let profile = profile_dir()?;
+        let product = std::env::var_os(BIN_DIR_ENV)
+            .filter(|d| !d.is_empty())
+            .map(PathBuf::from);
         let mut missing = Vec::new();
         let mut find = |name: &str| {
-            let path = profile.join(name);
+            let dir = match &product {
+                Some(dir) if name != "fake-mps-control" => dir,
+                _ => &profile,
+            };
+            let path = dir.join(name);
             if !path.is_file() {
                 missing.push(path.display().to_string());
             }
