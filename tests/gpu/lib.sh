@@ -1,0 +1,147 @@
+# Shared by the GPU scripts (run.sh, proof.sh): unpack what .carry/ brought, start a private
+# containerd and gpu-mps-manager, run containers through ctr, record results, tear down.
+# Sourced after the caller set OUT and opened its log. Never changes compute mode, clocks, MIG or
+# persistence; quits every MPS daemon started under its root on EXIT.
+W=/tmp/gpu-mps-gpu
+# Per-container outputs and logs go to $D and come back as one archive: the device machine
+# returns at most 8 files.
+D=$W/out
+RESULTS=$OUT/results.tsv
+: >"$RESULTS"
+
+log() { echo "[$(date +%H:%M:%S)] $*"; }
+# row <id> <PASS|FAIL|INFO> <what> <measured>
+row() { printf '%s\t%s\t%s\t%s\n' "$1" "$2" "$3" "$4" | tee -a "$RESULTS"; }
+check() { # check <id> <what> <measured> <condition: one shell expression, e.g. '[ "$X" = 1 ] && [ "$Y" = 2 ]'>
+    local id=$1 what=$2 measured=$3 cond=$4
+    if eval "$cond"; then row "$id" PASS "$what" "$measured"; else row "$id" FAIL "$what" "$measured"; fi
+}
+jget() { python3 -c "import json,sys; d=json.loads(sys.argv[1]); print(eval(sys.argv[2], {}, {'d': d}))" "$1" "$2" 2>/dev/null; }
+last_json() { grep -E '^\{' "$1" | tail -n1; }
+
+cleanup() {
+    log "teardown"
+    for id in $(ctr_ task ls -q 2>/dev/null); do ctr_ task kill -s KILL "$id" >/dev/null 2>&1; done
+    sleep 1
+    for id in $(ctr_ containers ls -q 2>/dev/null); do ctr_ task delete -f "$id" >/dev/null 2>&1; ctr_ containers rm "$id" >/dev/null 2>&1; done
+    stop_manager
+    for p in /run/gpu-mps-test/daemons/*/pipe; do
+        [ -S "$p/control" ] && echo quit | CUDA_MPS_PIPE_DIRECTORY=$p nvidia-cuda-mps-control >/dev/null 2>&1
+    done
+    [ -n "${CTD_PID:-}" ] && kill "$CTD_PID" 2>/dev/null && wait "$CTD_PID" 2>/dev/null
+    cp /run/gpu-mps-test/daemons/*/log/*.log "$D/" 2>/dev/null
+    pgrep -a nvidia-cuda-mps || log "no MPS process left"
+    tar -C "$W" -cJf "$OUT/artifacts.tar.xz" out 2>/dev/null
+}
+trap cleanup EXIT
+
+rm -rf "$W" /run/gpu-mps-test && mkdir -p "$W"/{ctd,bin,rootfs-base/check,out}
+log "unpack"
+tar -C "$W/ctd" -xJf .carry/containerd-trixie.tar.xz
+tar -C "$W/bin" -xJf .carry/gpu-mps-bin.tar.xz
+export PATH=$W/ctd/sbin:$W/ctd/bin:$W/bin:$PATH
+COMMIT=$(head -n1 .carry/COMMIT 2>/dev/null || echo unknown)
+UUID=$(nvidia-smi --query-gpu=uuid --format=csv,noheader | head -n1)
+DRIVER=$(nvidia-smi --query-gpu=driver_version --format=csv,noheader | head -n1)
+GPU_NAME=$(nvidia-smi --query-gpu=name --format=csv,noheader | head -n1)
+MODE=$(nvidia-smi --query-gpu=compute_mode --format=csv,noheader | head -n1)
+{
+    echo "date: $(date -u +%Y-%m-%dT%H:%M:%SZ)"
+    echo "commit: $COMMIT ($(sed -n 2p .carry/COMMIT 2>/dev/null))"
+    echo "gpu: $GPU_NAME $UUID, driver $DRIVER, compute mode $MODE"
+    echo "containerd: $(containerd --version)"
+    echo "runc: $(runc --version | head -n1)"
+    echo "kernel: $(uname -r), cgroup: $(stat -fc %T /sys/fs/cgroup)"
+} | tee "$OUT/env.txt" "$D/env.txt"
+
+log "build mps-check"
+nvcc -O2 -o "$W/rootfs-base/check/mps-check" tests/gpu/mps-check.cu || exit 1
+# mps-bench links cuBLAS from the toolkit; the container sees the host's /usr, so an rpath to the
+# toolkit's lib dir finds it there too.
+CUDA_LIB=$(readlink -f "$(dirname "$(command -v nvcc)")/../lib64")
+nvcc -O2 -o "$W/rootfs-base/check/mps-bench" tests/gpu/mps-bench.cu -lcublas -Xlinker -rpath="$CUDA_LIB" ||
+    log "mps-bench did not build (only tests/gpu/proof.sh needs it)"
+cp "$W/bin/gpu-mps-checker" "$W/rootfs-base/check/checker"
+SMS_TOTAL=$(jget "$("$W/rootfs-base/check/mps-check" --tag host)" "d['sms']")
+log "GPU has $SMS_TOTAL SMs (direct context on the host, before any daemon)"
+mkdir -p "$W/rootfs-base"/{proc,sys,dev,tmp,usr,lib,lib64,bin,etc,sbin}
+
+# containerd with a private root, state and socket; GPU_MPS_CONFIG reaches the shim through it.
+CFG=$W/gpu-mps.toml
+cat >"$W/containerd.toml" <<EOF
+version = 2
+root = "$W/ctd-root"
+state = "$W/ctd-state"
+[grpc]
+  address = "$W/containerd.sock"
+EOF
+GPU_MPS_CONFIG=$CFG containerd --config "$W/containerd.toml" >"$D/containerd.log" 2>&1 &
+CTD_PID=$!
+for _ in $(seq 100); do [ -S "$W/containerd.sock" ] && break; sleep 0.1; done
+ctr_() { ctr --address "$W/containerd.sock" "$@"; }
+ctr_ version >/dev/null || { log "containerd did not start"; tail "$D/containerd.log"; exit 1; }
+
+write_config() { # write_config <policy> [ceiling-mem ceiling-threads]
+    cat >"$CFG" <<EOF
+root = "/run/gpu-mps-test"
+hook_path = "$W/bin/gpu-mps-hook"
+runc_path = "$W/ctd/sbin/runc"
+[limits]
+policy = "$1"
+default_memory_limit = "4Gi"
+default_active_thread_percentage = 25
+${2:+ceiling_memory_limit = \"$2\"}
+${3:+ceiling_active_thread_percentage = $3}
+[daemon]
+control_binary = "nvidia-cuda-mps-control"
+# Never change the compute mode of a shared test GPU.
+exclusive_process = false
+idle_grace_seconds = 4
+EOF
+}
+MGR_PID=""
+start_manager() { # start_manager <label>
+    GPU_MPS_CONFIG=$CFG gpu-mps-manager >"$D/manager-$1.log" 2>&1 &
+    MGR_PID=$!
+    for _ in $(seq 100); do [ -S /run/gpu-mps-test/manager.sock ] && return 0; sleep 0.1; done
+    log "manager did not start"; tail "$D/manager-$1.log"; return 1
+}
+stop_manager() {
+    [ -n "$MGR_PID" ] || return 0
+    kill -TERM "$MGR_PID" 2>/dev/null
+    wait "$MGR_PID" 2>/dev/null
+    MGR_PID=""
+}
+status_json() { GPU_MPS_CONFIG=$CFG gpu-mps status --json; }
+
+DEVS=""; for d in /dev/nvidia0 /dev/nvidiactl /dev/nvidia-uvm /dev/nvidia-uvm-tools; do [ -e $d ] && DEVS="$DEVS --device $d"; done
+# The container sees the host's userland read-only (CUDA program, libcuda, ld.so). On merged-/usr
+# systems (Ubuntu 24.04) /lib, /lib64, /bin and /sbin are symlinks into /usr: the rootfs gets the
+# same symlinks, and only real directories are bind-mounted.
+MNTS=""
+for m in /usr /lib /lib64 /bin /sbin /etc; do
+    if [ -L $m ]; then
+        rmdir "$W/rootfs-base$m" 2>/dev/null
+        ln -sfn "$(readlink $m)" "$W/rootfs-base$m"
+    elif [ -d $m ]; then
+        MNTS="$MNTS --mount type=bind,src=$m,dst=$m,options=rbind:ro"
+    fi
+done
+N=0
+# run_ctr <name> <runtime: gpu-mps|runc> <mem|-> <threads|-> -- <command...>; output in $OUT/<name>.out
+run_ctr() {
+    local name=$1 rt=$2 mem=$3 thr=$4; shift 5
+    N=$((N + 1))
+    local rootfs=$W/rootfs-$name
+    rm -rf "$rootfs" && cp -a "$W/rootfs-base" "$rootfs"
+    local extra=()
+    if [ "$rt" = gpu-mps ]; then
+        extra+=(--runc-binary "$W/bin/gpu-mps-shim" --env "NVIDIA_VISIBLE_DEVICES=$UUID")
+        [ "$mem" != - ] && extra+=(--annotation "gpu-mps.io/memory-limit=$mem")
+        [ "$thr" != - ] && extra+=(--annotation "gpu-mps.io/active-thread-percentage=$thr")
+    fi
+    # shellcheck disable=SC2086
+    timeout 120 ctr --address "$W/containerd.sock" run --rm --rootfs $DEVS $MNTS "${extra[@]}" "$rootfs" "$name-$N" "$@" \
+        >"$D/$name.out" 2>"$D/$name.err"
+}
+
