@@ -21,4 +21,4 @@ step "build";   cargo build --workspace --bins --locked
 RUSTFLAGS='-C target-feature=+crt-static' cargo build -p gpu-mps-checker --target x86_64-unknown-linux-gnu --locked
 step "tests";   cargo test --workspace --locked -- --nocapture 2>&1 | tee target/test-output.log
 step "versions tested"
-grep -hoE '(containerd|runc) (version )?v?[0-9][^ ]*[^ ]*' target/test-output.log | sort -u || true
+grep -hoE 'suite [a-z]+: containerd [^,]+, runc [^ |]+' target/test-output.log | sort -u || true
