@@ -22,6 +22,14 @@ pub const CRI_SANDBOX_NAMESPACE: &str = "io.kubernetes.cri.sandbox-namespace";
 /// Prefix of CDI device annotations (`cdi.k8s.io/<plugin>: nvidia.com/gpu=0`).
 pub const CDI_PREFIX: &str = "cdi.k8s.io/";
 
+/// Pod annotations containerd must pass into container specs for the `gpu-mps` handler
+/// (`pod_annotations`): the limits, pod-level and container-level.
+pub const POD_ANNOTATION_PATTERNS: [&str; 2] = ["gpu-mps.io/*", "*.gpu-mps.io/*"];
+/// Container annotations containerd must pass (`container_annotations`): the limits, and the CDI
+/// device annotations a device plugin sets, without which a GPU handed over through CDI would
+/// reach runc unseen by the shim (and run without MPS).
+pub const CONTAINER_ANNOTATION_PATTERNS: [&str; 3] = ["gpu-mps.io/*", "*.gpu-mps.io/*", "cdi.k8s.io/*"];
+
 /// The container-level key for `base` (one of MEMORY_LIMIT, ACTIVE_THREAD_PERCENTAGE).
 pub fn container_key(container_name: &str, base: &str) -> String {
     format!("{container_name}.{base}")

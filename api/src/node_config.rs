@@ -171,7 +171,8 @@ impl Default for NodeConfig {
             control_binary: PathBuf::from("nvidia-cuda-mps-control"),
             idle_grace_seconds: 60,
             exclusive_process: true,
-            start_timeout_seconds: 10,
+            // Measured: a daemon starts and serves its first client in well under a second.
+            start_timeout_seconds: 4,
             hook_timeout_seconds: 10,
         }
     }
@@ -283,6 +284,28 @@ impl NodeConfig {
                 message: "must not be under /tmp/nvidia-mps: nvidia-container-toolkit mounts that host path into every GPU container".into(),
             });
         }
+        let start_timeout = raw
+            .daemon
+            .start_timeout_seconds
+            .unwrap_or(d.start_timeout_seconds)
+            .max(1);
+        let hook_timeout = raw
+            .hook
+            .timeout_seconds
+            .unwrap_or(d.hook_timeout_seconds)
+            .clamp(1, 60);
+        // A daemon start waits up to start_timeout twice (for `-d` to return, then for its pid
+        // file): the hook must outwait that, or the CRI caller sees a timeout instead of the reason.
+        if hook_timeout < 2 * start_timeout + 2 {
+            return Err(ConfigError::Invalid {
+                path: p,
+                key: "hook.timeout_seconds",
+                message: format!(
+                    "{hook_timeout} is too short for daemon.start_timeout_seconds = {start_timeout}: it must be at least {}",
+                    2 * start_timeout + 2
+                ),
+            });
+        }
         Ok(NodeConfig {
             root,
             hook_path: raw.hook_path.unwrap_or(d.hook_path),
@@ -299,16 +322,8 @@ impl NodeConfig {
             control_binary: raw.daemon.control_binary.unwrap_or(d.control_binary),
             idle_grace_seconds: raw.daemon.idle_grace_seconds.unwrap_or(d.idle_grace_seconds),
             exclusive_process: raw.daemon.exclusive_process.unwrap_or(d.exclusive_process),
-            start_timeout_seconds: raw
-                .daemon
-                .start_timeout_seconds
-                .unwrap_or(d.start_timeout_seconds)
-                .max(1),
-            hook_timeout_seconds: raw
-                .hook
-                .timeout_seconds
-                .unwrap_or(d.hook_timeout_seconds)
-                .clamp(1, 60),
+            start_timeout_seconds: start_timeout,
+            hook_timeout_seconds: hook_timeout,
         })
     }
 
@@ -422,6 +437,11 @@ mod tests {
         assert!(e.contains("both"), "{e}");
         assert!(parse("root = \"/tmp/nvidia-mps\"").is_err());
         assert!(parse("[limits]\nmax_clients_per_gpu = 49").is_err());
+        let e = parse("[daemon]\nstart_timeout_seconds = 10")
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("hook.timeout_seconds") && e.contains("22"), "{e}");
+        assert!(parse("[daemon]\nstart_timeout_seconds = 10\n[hook]\ntimeout_seconds = 22").is_ok());
         assert!(
             parse("[limits]\ndefault_active_thread_percentage = 0\ndefault_memory_limit = \"1Gi\"").is_err()
         );

@@ -131,7 +131,7 @@ pub fn admit<'a>(
         targets.push(gpu);
     }
 
-    let server_limits = match policy.policy {
+    match policy.policy {
         LimitPolicy::Uniform => {
             let same_daemon: Vec<&LeaseRecord> = leases
                 .clone()
@@ -146,14 +146,9 @@ pub fn admit<'a>(
                     requested: request.limits,
                 });
             }
-            request.limits
         }
         LimitPolicy::Ceiling => {
-            // NodeConfig refuses policy = ceiling without a ceiling; a default keeps this total.
-            let ceiling = policy.ceiling.unwrap_or(Limits {
-                memory_bytes: u64::MAX,
-                thread_percentage: 100,
-            });
+            let ceiling = ceiling_of(policy);
             if request.limits.memory_bytes > ceiling.memory_bytes
                 || request.limits.thread_percentage > ceiling.thread_percentage
             {
@@ -162,9 +157,9 @@ pub fn admit<'a>(
                     ceiling,
                 });
             }
-            ceiling
         }
-    };
+    }
+    let server_limits = server_limits(policy, request.limits);
 
     for gpu in targets {
         let on_gpu: Vec<&LeaseRecord> = leases
@@ -210,6 +205,23 @@ pub fn admit<'a>(
         }
     }
     Ok(server_limits)
+}
+
+/// What a daemon's servers enforce for leases of `lease_limits`: those limits under `uniform`
+/// (one class per daemon), the node ceiling under `ceiling`.
+pub fn server_limits(policy: &AdmissionPolicy, lease_limits: Limits) -> Limits {
+    match policy.policy {
+        LimitPolicy::Uniform => lease_limits,
+        LimitPolicy::Ceiling => ceiling_of(policy),
+    }
+}
+
+fn ceiling_of(policy: &AdmissionPolicy) -> Limits {
+    // NodeConfig refuses policy = ceiling without a ceiling; a default keeps this total.
+    policy.ceiling.unwrap_or(Limits {
+        memory_bytes: u64::MAX,
+        thread_percentage: 100,
+    })
 }
 
 /// GPU memory x overcommit, in whole MiB (the unit limits are applied in).

@@ -42,7 +42,16 @@ pub const SHIM_PATH: &str = "/usr/local/bin/gpu-mps-shim";
 /// Pod-level (`gpu-mps.io/memory-limit`) and container-level
 /// (`<container-name>.gpu-mps.io/memory-limit`) annotations. containerd matches them with Go's
 /// `filepath.Match`, where `*` stops at `/`.
-pub const ANNOTATION_PATTERNS: [&str; 2] = ["gpu-mps.io/*", "*.gpu-mps.io/*"];
+pub use gpu_mps_api::annotations::{CONTAINER_ANNOTATION_PATTERNS, POD_ANNOTATION_PATTERNS};
+
+/// The patterns the entry must list under `key` (pod_annotations or container_annotations).
+pub fn annotation_patterns(key: &str) -> &'static [&'static str] {
+    if key == "pod_annotations" {
+        &POD_ANNOTATION_PATTERNS
+    } else {
+        &CONTAINER_ANNOTATION_PATTERNS
+    }
+}
 /// containerd's runc shim, which does the task API, IO, events and OOM handling for us.
 pub const RUNC_SHIM: &str = "io.containerd.runc.v2";
 
@@ -518,7 +527,7 @@ fn desired_entry(base: Option<&BaseRuntime>, opts: &InstallOptions) -> Table {
         }
     }
     for key in ["pod_annotations", "container_annotations"] {
-        let mut patterns: Vec<String> = ANNOTATION_PATTERNS.iter().map(|p| (*p).to_owned()).collect();
+        let mut patterns: Vec<String> = annotation_patterns(key).iter().map(|p| (*p).to_owned()).collect();
         // Whatever the base runtime already lets through keeps reaching the spec.
         if let Some(extra) = base.get(key).and_then(Item::as_array) {
             for p in extra.iter().filter_map(Value::as_str) {
@@ -1097,7 +1106,7 @@ pub fn check_effective(dump: &str, opts: &InstallOptions) -> Result<Vec<String>,
             .and_then(Item::as_array)
             .map(|a| a.iter().filter_map(Value::as_str).collect())
             .unwrap_or_default();
-        if let Some(missing) = ANNOTATION_PATTERNS.iter().find(|p| !listed.contains(*p)) {
+        if let Some(missing) = annotation_patterns(key).iter().find(|p| !listed.contains(*p)) {
             return Err(fail(format!(
                 "runtime {name:?} has {key} = {listed:?}, without {missing:?}"
             )));
@@ -1691,7 +1700,15 @@ root = '/var/lib/containerd'
             .expect("array");
         assert_eq!(
             pods.iter().filter_map(Value::as_str).collect::<Vec<_>>(),
-            ANNOTATION_PATTERNS
+            POD_ANNOTATION_PATTERNS
+        );
+        let containers = get(text, &entry_path(v, &["container_annotations"]), &mut d)
+            .and_then(Item::as_array)
+            .expect("array");
+        assert_eq!(
+            containers.iter().filter_map(Value::as_str).collect::<Vec<_>>(),
+            CONTAINER_ANNOTATION_PATTERNS,
+            "CDI device annotations must reach the spec"
         );
         let mut runc = v.runtimes_path().to_vec();
         runc.extend(["runc", "runtime_type"]);
@@ -2137,7 +2154,7 @@ root = '/var/lib/containerd'
   [plugins.'io.containerd.cri.v1.runtime'.containerd.runtimes.gpu-mps]
     runtime_type = 'io.containerd.runc.v2'
     pod_annotations = ['gpu-mps.io/*', '*.gpu-mps.io/*']
-    container_annotations = ['gpu-mps.io/*', '*.gpu-mps.io/*']
+    container_annotations = ['gpu-mps.io/*', '*.gpu-mps.io/*', 'cdi.k8s.io/*']
     [plugins.'io.containerd.cri.v1.runtime'.containerd.runtimes.gpu-mps.options]
       BinaryName = '/usr/local/bin/gpu-mps-shim'
       SystemdCgroup = false

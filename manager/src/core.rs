@@ -100,12 +100,15 @@ impl ManagerCore {
         let mut state = State::load(&config.state_path())?;
         adopt(&mut state, control.as_ref()).await;
         if config.exclusive_process {
-            let changed = compute_mode::enforce_exclusive_process(
+            let enforced = compute_mode::enforce_exclusive_process(
                 backend.as_ref(),
                 &inventory.gpus,
                 &mut state.saved_compute_modes,
-            )?;
-            for uuid in changed {
+            );
+            // GPUs switched before a failure must still be restored later: their saved modes
+            // go to disk before the error ends the start.
+            state.save(&config.state_path())?;
+            for uuid in enforced? {
                 info!(gpu = %uuid, "compute mode set to EXCLUSIVE_PROCESS");
             }
         } else if !state.saved_compute_modes.is_empty() {
@@ -148,6 +151,15 @@ impl ManagerCore {
                 req.container_id, existing.key, existing.limits
             )));
         }
+        // The hook runs while the container's init process waits in runc: if it is gone, the
+        // container is, and a lease without a live process could never be cleaned up.
+        let process = ProcessIdentity::of(req.pid);
+        if req.pid != 0 && process.is_none() {
+            return Err(ManagerError::InvalidRequest(format!(
+                "container {} has no running process (pid {})",
+                req.container_id, req.pid
+            )));
+        }
         let live: Vec<&LeaseRecord> = inner.state.leases.values().collect();
         let server_limits = admission::admit(&inner.inventory.gpus, live.iter().copied(), &request, &self.policy)
             .inspect_err(|refusal| {
@@ -165,12 +177,9 @@ impl ManagerCore {
             pod: req.pod.clone(),
             container_name: req.container_name.clone(),
             bundle: req.bundle.clone(),
-            process: ProcessIdentity::of(req.pid),
+            process,
             acquired_unix: now_unix(),
         };
-        if req.pid != 0 && lease.process.is_none() {
-            warn!(container = %req.container_id, pid = req.pid, "container process not found; the lease is kept until released");
-        }
         if let Some(d) = inner.state.daemons.get_mut(&dir) {
             d.idle_since_unix = None;
         }
@@ -202,28 +211,7 @@ impl ManagerCore {
             make_dir(&self.config.daemon_dir(key), 0o755)?;
             make_dir(&pipe_dir, 0o755)?;
             make_dir(&log_dir, 0o755)?;
-            // A daemon the state does not know (state file lost, manager crashed mid-start)
-            // still owns its pipe dir: adopt it rather than start a second one.
-            let orphan = mps_control::read_pid_file(&pipe_dir)
-                .and_then(ProcessIdentity::of)
-                .filter(|p| p.is_alive());
-            let control = match orphan {
-                Some(identity) if self.control.command(&pipe_dir, "get_server_list").await.is_ok() => {
-                    warn!(daemon = %key, pid = identity.pid, "adopting an MPS control daemon missing from the state");
-                    identity
-                }
-                _ => {
-                    remove_stale_daemon_files(&pipe_dir);
-                    let started = std::time::Instant::now();
-                    let pid = self.control.start_daemon(key, &pipe_dir, &log_dir).await?;
-                    let identity = ProcessIdentity::of(pid).ok_or_else(|| ControlError::StartFailed {
-                        key: key.to_string(),
-                        reason: format!("daemon pid {pid} exited right after start"),
-                    })?;
-                    info!(daemon = %key, pid, pipe_dir = %pipe_dir.display(), elapsed_ms = started.elapsed().as_millis() as u64, "MPS control daemon started");
-                    identity
-                }
-            };
+            let control = self.start_or_adopt(key, &pipe_dir, &log_dir).await?;
             inner.state.daemons.insert(
                 dir.clone(),
                 DaemonRecord {
@@ -256,6 +244,38 @@ impl ManagerCore {
         Ok(())
     }
 
+    /// Starts the daemon of `key`, unless one the state does not know (state file lost, manager
+    /// crashed mid-start) still owns the pipe dir and answers: that one is adopted rather than
+    /// doubled. One that owns it but no longer answers is stopped first: two daemons must never
+    /// share a pipe dir.
+    async fn start_or_adopt(
+        &self,
+        key: &DaemonKey,
+        pipe_dir: &Path,
+        log_dir: &Path,
+    ) -> Result<ProcessIdentity, ManagerError> {
+        let orphan = mps_control::read_pid_file(pipe_dir)
+            .and_then(ProcessIdentity::of)
+            .filter(|p| p.is_alive());
+        if let Some(identity) = orphan {
+            if self.control.command(pipe_dir, "get_server_list").await.is_ok() {
+                warn!(daemon = %key, pid = identity.pid, "adopting an MPS control daemon missing from the state");
+                return Ok(identity);
+            }
+            warn!(daemon = %key, pid = identity.pid, "an MPS control daemon owns the pipe dir but does not answer; stopping it");
+            identity.terminate(std::time::Duration::from_secs(2)).await;
+        }
+        remove_stale_daemon_files(pipe_dir);
+        let started = std::time::Instant::now();
+        let pid = self.control.start_daemon(key, pipe_dir, log_dir).await?;
+        let identity = ProcessIdentity::of(pid).ok_or_else(|| ControlError::StartFailed {
+            key: key.to_string(),
+            reason: format!("daemon pid {pid} exited right after start"),
+        })?;
+        info!(daemon = %key, pid, pipe_dir = %pipe_dir.display(), elapsed_ms = started.elapsed().as_millis() as u64, "MPS control daemon started");
+        Ok(identity)
+    }
+
     /// Drops a container's lease. Unknown containers are not an error (release is retried by
     /// runc on delete, and the reconciler may have dropped it already).
     pub async fn release(&self, container_id: &str) -> Result<bool, ManagerError> {
@@ -270,6 +290,8 @@ impl ManagerCore {
         Ok(true)
     }
 
+    /// A snapshot taken under the lock; the MPS and NVML queries run after it is released, so
+    /// `gpu-mps status` never delays a container start.
     pub async fn status(&self) -> proto::StatusResponse {
         let inner = self.inner.lock().await;
         let mut resp = proto::StatusResponse::new();
@@ -292,20 +314,26 @@ impl ManagerCore {
             gpu.memory_reserved_bytes = on_gpu.iter().map(|l| l.limits.effective_memory_bytes()).sum();
             gpu.memory_capacity_bytes = admission::memory_capacity(g.memory_bytes, self.config.overcommit);
             gpu.max_clients = self.config.max_clients_per_gpu;
-            gpu.compute_mode = self
-                .backend
-                .compute_mode(&g.uuid)
-                .unwrap_or_else(|_| g.compute_mode.clone());
+            gpu.compute_mode = g.compute_mode.clone();
             resp.gpus.push(gpu);
         }
         for d in inner.state.daemons.values() {
-            let mut daemon = daemon_proto(d, inner.state.leases_of(&d.key).count());
-            daemon.server_pids = mps_control::server_pids(self.control.as_ref(), &d.pipe_dir)
-                .await
-                .unwrap_or_default();
-            resp.daemons.push(daemon);
+            resp.daemons
+                .push(daemon_proto(d, inner.state.leases_of(&d.key).count()));
         }
         resp.leases = inner.state.leases.values().map(lease_proto).collect();
+        drop(inner);
+        for gpu in &mut resp.gpus {
+            if let Ok(mode) = self.backend.compute_mode(&gpu.uuid) {
+                gpu.compute_mode = mode;
+            }
+        }
+        for daemon in &mut resp.daemons {
+            let pipe_dir = Path::new(&daemon.pipe_dir);
+            daemon.server_pids = mps_control::server_pids(self.control.as_ref(), pipe_dir)
+                .await
+                .unwrap_or_default();
+        }
         resp
     }
 
@@ -331,9 +359,28 @@ impl ManagerCore {
         for dir in dirs {
             let record = inner.state.daemons[&dir].clone();
             if !record.control.is_alive() {
-                error!(daemon = %record.key, pid = record.control.pid, leases = inner.state.leases_of(&record.key).count(), "MPS control daemon died; the next lease starts a new one");
-                inner.state.daemons.remove(&dir);
                 changed = true;
+                let lease_limits = inner.state.leases_of(&record.key).map(|l| l.limits).next();
+                let Some(lease_limits) = lease_limits else {
+                    warn!(daemon = %record.key, pid = record.control.pid, "idle MPS control daemon died");
+                    inner.state.daemons.remove(&dir);
+                    continue;
+                };
+                // Running containers reach MPS through this daemon's pipe dir: without it, a CUDA
+                // process that starts now would open a direct context (the whole GPU) unless
+                // EXCLUSIVE_PROCESS is on. Bring it back with the limits its leases were given.
+                error!(daemon = %record.key, pid = record.control.pid, leases = inner.state.leases_of(&record.key).count(), "MPS control daemon died while containers use it; restarting it");
+                let limits = admission::server_limits(&self.policy, lease_limits);
+                match self.ensure_daemon(&mut inner, &record.key, limits).await {
+                    Ok(()) => {
+                        if let Some(d) = inner.state.daemons.get_mut(&dir) {
+                            d.idle_since_unix = None;
+                        }
+                    }
+                    Err(e) => {
+                        error!(daemon = %record.key, error = %e, "restarting the MPS control daemon failed; retrying")
+                    }
+                }
                 continue;
             }
             let Some(idle_since) = record.idle_since_unix else {
@@ -342,14 +389,17 @@ impl ManagerCore {
             if now - idle_since < self.config.idle_grace_seconds as i64 {
                 continue;
             }
-            match self.stop_daemon(&record).await {
-                Ok(true) => {
-                    inner.state.daemons.remove(&dir);
-                    changed = true;
-                }
-                Ok(false) => {}
-                Err(e) => error!(daemon = %record.key, error = %e, "stopping idle daemon failed"),
+            let stopped = self.stop_daemon(&record).await.unwrap_or_else(|e| {
+                error!(daemon = %record.key, error = %e, "stopping idle daemon failed");
+                false
+            });
+            if stopped {
+                inner.state.daemons.remove(&dir);
+            } else if let Some(d) = inner.state.daemons.get_mut(&dir) {
+                // Try again after another grace period, not on every tick.
+                d.idle_since_unix = Some(now);
             }
+            changed = true;
         }
         if changed {
             if let Err(e) = inner.state.save(&self.config.state_path()) {

@@ -32,6 +32,26 @@ impl ProcessIdentity {
     }
 }
 
+impl ProcessIdentity {
+    /// SIGTERM, then SIGKILL if it still runs after `grace`. Only ever used on an MPS control
+    /// daemon that owns a pipe dir but no longer answers; never on a container's process.
+    pub async fn terminate(&self, grace: std::time::Duration) {
+        use nix::sys::signal::{Signal, kill};
+        use nix::unistd::Pid;
+        let pid = Pid::from_raw(self.pid as i32);
+        if !self.is_alive() || kill(pid, Signal::SIGTERM).is_err() {
+            return;
+        }
+        let deadline = tokio::time::Instant::now() + grace;
+        while self.is_alive() && tokio::time::Instant::now() < deadline {
+            tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+        }
+        if self.is_alive() {
+            let _ = kill(pid, Signal::SIGKILL);
+        }
+    }
+}
+
 /// True if a process with this pid runs (and is not a zombie).
 pub fn is_running(pid: u32) -> bool {
     ProcessIdentity::of(pid).is_some_and(|p| p.is_alive())

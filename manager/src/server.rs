@@ -62,17 +62,27 @@ impl Manager for Service {
     }
 }
 
+/// Makes sure no other manager serves `socket` (one that answers is live: never steal it), and
+/// removes a stale socket file. Called before the manager touches any state or GPU.
+pub fn claim_socket(socket: &Path) -> Result<(), ServerError> {
+    if !socket.exists() {
+        return Ok(());
+    }
+    let socket_str = socket.display().to_string();
+    if std::os::unix::net::UnixStream::connect(socket).is_ok() {
+        return Err(ServerError::AlreadyRunning(socket_str));
+    }
+    std::fs::remove_file(socket).map_err(|source| ServerError::Io {
+        context: format!("removing stale socket {socket_str}"),
+        source,
+    })
+}
+
 /// Serves the API until SIGTERM or SIGINT, reconciling once a second, then shuts down.
+/// `claim_socket` must have been called first.
 pub async fn serve(core: Arc<ManagerCore>, socket: &Path) -> Result<(), ServerError> {
     let socket_str = socket.display().to_string();
     let io = |context: String| move |source| ServerError::Io { context, source };
-    if socket.exists() {
-        // A socket that answers belongs to a live manager: never steal it.
-        if std::os::unix::net::UnixStream::connect(socket).is_ok() {
-            return Err(ServerError::AlreadyRunning(socket_str));
-        }
-        std::fs::remove_file(socket).map_err(io(format!("removing stale socket {socket_str}")))?;
-    }
     let mut server = ttrpc::r#async::Server::new()
         .bind(&format!("unix://{socket_str}"))
         .map_err(|source| ServerError::Ttrpc {

@@ -15,7 +15,7 @@ use std::thread::sleep;
 use std::time::{Duration, Instant};
 
 use gpu_mps_manager::containerd_registration::{
-    self as reg, ANNOTATION_PATTERNS, InstallOptions, Placement, RUNC_SHIM, SHIM_PATH,
+    self as reg, InstallOptions, Placement, RUNC_SHIM, SHIM_PATH,
 };
 use toml_edit::{DocumentMut, Item, Value};
 
@@ -192,7 +192,11 @@ fn install_and_uninstall_on_each_containerd() {
                 .unwrap_or(false);
             assert_eq!(systemd_cgroup, case.systemd_cgroup, "{what}");
             for key in ["pod_annotations", "container_annotations"] {
-                assert_eq!(strings(entry.get(key)), ANNOTATION_PATTERNS, "{what}: {key}");
+                assert_eq!(
+                    strings(entry.get(key)),
+                    reg::annotation_patterns(key),
+                    "{what}: {key}"
+                );
             }
             // The CRI plugin only loads when its default runtime has an entry.
             assert!(runtimes.contains_key("runc"), "{what}: runc is gone:\n{doc}");
@@ -204,14 +208,16 @@ fn install_and_uninstall_on_each_containerd() {
                 );
             }
             eprintln!(
-                "{what}: {:?} in {}; dump: gpu-mps runtime_type = {RUNC_SHIM:?}, BinaryName = {SHIM_PATH:?}, SystemdCgroup = {}, annotations = {ANNOTATION_PATTERNS:?}",
+                "{what}: {:?} in {}; dump: gpu-mps runtime_type = {RUNC_SHIM:?}, BinaryName = {SHIM_PATH:?}, SystemdCgroup = {}, annotations = {:?} / {:?}",
                 placement,
                 if placement == Placement::DropIn {
                     "the drop-in"
                 } else {
                     "config.toml"
                 },
-                case.systemd_cgroup
+                case.systemd_cgroup,
+                reg::POD_ANNOTATION_PATTERNS,
+                reg::CONTAINER_ANNOTATION_PATTERNS
             );
 
             let again =

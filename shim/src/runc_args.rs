@@ -150,12 +150,14 @@ pub fn parse(args: &[OsString]) -> Result<Invocation, ArgsError> {
             i += 1;
         } else {
             // A flag this runc version does not have, or a newer runc's: boolean when a
-            // subcommand follows it, else it takes the next argument as its value.
-            let next_is_subcommand = args
+            // subcommand or another flag follows it, else it takes the next argument as its
+            // value. Guessing "value" wrongly could hide a `create` (and pass a GPU container
+            // through without limits), so a following flag is never taken as a value.
+            let next_is_boolean_context = args
                 .get(i + 1)
                 .and_then(|a| a.to_str())
-                .is_some_and(|a| SUBCOMMANDS.contains(&a));
-            i += if next_is_subcommand { 1 } else { 2 };
+                .is_some_and(|a| SUBCOMMANDS.contains(&a) || a.starts_with('-'));
+            i += if next_is_boolean_context { 1 } else { 2 };
         }
     }
     let subcommand = match subcommand {
@@ -333,6 +335,19 @@ mod tests {
             runc("-log-format json state id").global.log_format,
             LogFormat::Json
         );
+    }
+
+    #[test]
+    fn an_unknown_flag_before_another_flag_is_boolean() {
+        // A newer runc's boolean global flag must not swallow `--root` and hide the create.
+        assert!(matches!(
+            runc("--newer-bool --root /r create id").subcommand,
+            Subcommand::Create(_)
+        ));
+        assert!(matches!(
+            runc("--newer-value v --root /r create id").subcommand,
+            Subcommand::Create(_)
+        ));
     }
 
     #[test]

@@ -73,6 +73,10 @@ async fn main() -> anyhow::Result<()> {
         timeout: Duration::from_secs(config.start_timeout_seconds),
     });
     let socket = config.manager_socket();
+    if let Some(dir) = socket.parent() {
+        std::fs::create_dir_all(dir)?;
+    }
+    server::claim_socket(&socket)?;
     let core = Arc::new(ManagerCore::start(config, control, backend).await?);
     server::serve(core, &socket).await?;
     Ok(())

@@ -12,6 +12,7 @@ use gpu_mps_api::node_config::{LimitPolicy, NodeConfig, Tenancy};
 
 use super::*;
 use crate::gpu_backend::FileBackend;
+use crate::gpu_backend::GpuBackend;
 
 const GIB: u64 = 1 << 30;
 
@@ -506,4 +507,102 @@ async fn invalid_requests_are_refused() {
     );
     let err = m.acquire(request("c1", "GPU-7", 4, 25, "ns")).await.unwrap_err();
     assert!(err.to_string().contains("GPU-7"), "{err}");
+}
+
+#[tokio::test]
+async fn a_daemon_that_dies_under_leases_is_restarted_with_their_limits() {
+    let e = env(LimitPolicy::Uniform, Tenancy::Shared);
+    let m = core(&e).await;
+    let mut container = Command::new("sleep").arg("600").spawn().unwrap();
+    let mut r = request("c1", "GPU-0", 4, 25, "ns");
+    r.pid = container.id();
+    m.acquire(r).await.unwrap();
+    let first = m.status().await.daemons[0].control_pid;
+    e.control.kill_all();
+    m.reconcile(now_unix()).await;
+    let s = m.status().await;
+    assert_eq!(s.daemons.len(), 1, "restarted");
+    assert_ne!(s.daemons[0].control_pid, first);
+    assert_eq!(s.daemons[0].state, "running", "its lease still holds it");
+    assert_eq!(s.daemons[0].active_thread_percentage, 25);
+    assert_eq!(*e.control.starts.lock().unwrap(), 2);
+    container.kill().unwrap();
+    container.wait().unwrap();
+}
+
+#[tokio::test]
+async fn an_idle_daemon_that_cannot_stop_is_retried_after_a_grace_period_not_every_tick() {
+    let e = env(LimitPolicy::Uniform, Tenancy::Shared);
+    let m = core(&e).await;
+    m.acquire(request("c1", "GPU-0", 4, 25, "ns")).await.unwrap();
+    e.control
+        .add_server(&e.config.pipe_dir(&DaemonKey::new(["GPU-0"])), 777, vec![778]);
+    m.release("c1").await.unwrap();
+    let later = now_unix() + 100;
+    m.reconcile(later).await;
+    let asked = e
+        .control
+        .commands()
+        .iter()
+        .filter(|c| *c == "get_server_list")
+        .count();
+    assert_eq!(m.status().await.daemons[0].idle_since_unix, later);
+    m.reconcile(later + 1).await;
+    let asked_again = e
+        .control
+        .commands()
+        .iter()
+        .filter(|c| *c == "get_server_list")
+        .count();
+    // status() asks once per daemon; reconcile must not have asked again within the grace period.
+    assert_eq!(
+        asked_again,
+        asked + 1,
+        "reconcile asked MPS again inside the grace period"
+    );
+}
+
+#[tokio::test]
+async fn a_lease_for_a_container_whose_process_is_gone_is_refused() {
+    let e = env(LimitPolicy::Uniform, Tenancy::Shared);
+    let m = core(&e).await;
+    let mut gone = Command::new("true").spawn().unwrap();
+    let pid = gone.id();
+    gone.wait().unwrap();
+    let mut r = request("c1", "GPU-0", 4, 25, "ns");
+    r.pid = pid;
+    let err = m.acquire(r).await.unwrap_err();
+    assert_eq!(err.code(), ttrpc::Code::INVALID_ARGUMENT);
+    assert!(err.to_string().contains("no running process"), "{err}");
+    assert!(m.status().await.leases.is_empty());
+}
+
+#[tokio::test]
+async fn modes_switched_before_a_failure_are_saved_for_restoring() {
+    /// Refuses to change GPU-1, like a GPU that does not support the mode.
+    struct RefusesGpu1(Arc<FileBackend>);
+    impl GpuBackend for RefusesGpu1 {
+        fn inventory(&self) -> Result<Inventory, GpuBackendError> {
+            self.0.inventory()
+        }
+        fn compute_mode(&self, uuid: &str) -> Result<String, GpuBackendError> {
+            self.0.compute_mode(uuid)
+        }
+        fn set_compute_mode(&self, uuid: &str, mode: &str) -> Result<(), GpuBackendError> {
+            if uuid == "GPU-1" {
+                return Err(GpuBackendError::UnknownGpu(uuid.into()));
+            }
+            self.0.set_compute_mode(uuid, mode)
+        }
+    }
+    let mut e = env(LimitPolicy::Uniform, Tenancy::Shared);
+    e.config.exclusive_process = true;
+    let backend = Arc::new(RefusesGpu1(e.backend.clone()));
+    let started = ManagerCore::start(e.config.clone(), e.control.clone(), backend).await;
+    assert!(started.is_err());
+    let state = State::load(&e.config.state_path()).unwrap();
+    assert_eq!(
+        state.saved_compute_modes.get("GPU-0").map(String::as_str),
+        Some("Default")
+    );
 }

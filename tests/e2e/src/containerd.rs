@@ -25,7 +25,7 @@ pub const RUNC_HANDLER: &str = "runc";
 /// The containerd namespace of the CRI plugin.
 pub const CRI_NAMESPACE: &str = "k8s.io";
 /// Annotations the gpu-mps handler passes from the pod and the container to the OCI spec.
-pub const GPU_MPS_ANNOTATIONS: [&str; 2] = ["gpu-mps.io/*", "*.gpu-mps.io/*"];
+pub use gpu_mps_api::annotations::{CONTAINER_ANNOTATION_PATTERNS, POD_ANNOTATION_PATTERNS};
 const START_TIMEOUT: Duration = Duration::from_secs(30);
 const CRI_READY_TIMEOUT: Duration = Duration::from_secs(20);
 
@@ -397,14 +397,15 @@ fn runtimes(prefix: &str, layout: &Layout, options: &ContainerdOptions) -> Strin
 "#
     );
     if let Some(shim) = &options.gpu_mps_shim {
-        let annotations = quote_list(&GPU_MPS_ANNOTATIONS);
+        let pod_annotations = quote_list(&POD_ANNOTATION_PATTERNS);
+        let container_annotations = quote_list(&CONTAINER_ANNOTATION_PATTERNS);
         let _ = write!(
             text,
             r#"
 [{prefix}.runtimes.{GPU_MPS_HANDLER}]
   runtime_type = "io.containerd.runc.v2"
-  pod_annotations = {annotations}
-  container_annotations = {annotations}
+  pod_annotations = {pod_annotations}
+  container_annotations = {container_annotations}
 [{prefix}.runtimes.{GPU_MPS_HANDLER}.options]
   BinaryName = {shim}
   Root = {runc_root}
