@@ -7,6 +7,7 @@ use std::time::{Duration, Instant};
 
 use thiserror::Error;
 
+use crate::message::one_line;
 use crate::proto;
 use crate::proto::manager_ttrpc::ManagerClient;
 
@@ -105,8 +106,4 @@ impl ManagerConnection {
             .status(self.context()?, &proto::StatusRequest::new())
             .map_err(|e| self.map_err(e))
     }
-}
-
-fn one_line(s: &str) -> String {
-    s.split_whitespace().collect::<Vec<_>>().join(" ")
 }

@@ -1,12 +1,14 @@
-//! Types shared by gpu-mps-shim, gpu-mps-hook and gpu-mps-manager. No I/O here, except the
-//! generated ttrpc client and server code in [`proto`].
+//! Types shared by gpu-mps-shim, gpu-mps-hook and gpu-mps-manager. Pure, except the manager
+//! client ([`client`], [`proto`]) and the file writing every component shares ([`files`]).
 
 pub mod annotations;
 pub mod client;
 pub mod daemon_key;
+pub mod files;
 pub mod hook_invocation;
 pub mod inventory;
 pub mod limits;
+pub mod message;
 pub mod node_config;
 pub mod quantity;
 

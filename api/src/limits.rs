@@ -29,6 +29,25 @@ pub struct Limits {
 }
 
 impl Limits {
+    /// Limits from raw numbers (the manager's API), with the same checks as the annotations.
+    pub fn checked(memory_bytes: u64, thread_percentage: u32) -> Result<Limits, LimitError> {
+        if memory_bytes < MIN_MEMORY_LIMIT_BYTES {
+            return Err(LimitError::MemoryTooSmall {
+                value: quantity::format_bytes(memory_bytes),
+            });
+        }
+        let thread_percentage = u8::try_from(thread_percentage)
+            .ok()
+            .filter(|p| (1..=100).contains(p))
+            .ok_or_else(|| LimitError::ThreadPercentage {
+                value: thread_percentage.to_string(),
+            })?;
+        Ok(Limits {
+            memory_bytes,
+            thread_percentage,
+        })
+    }
+
     /// The pinned memory limit as MPS takes it: whole MiB (`4096M`). MPS reads `G` as GiB
     /// (measured: `4G` and `4096M` read back the same), so MiB keeps every Kubernetes
     /// quantity exact to the MiB; a remainder below 1 MiB is dropped, never rounded up.
@@ -110,6 +129,29 @@ mod tests {
         for bad in ["0", "101", "25.5", "-1", "", "all"] {
             assert!(parse_thread_percentage(bad).is_err(), "{bad}");
         }
+    }
+
+    #[test]
+    fn checked_applies_the_annotation_rules() {
+        assert_eq!(
+            Limits::checked(1 << 30, 25),
+            Ok(Limits {
+                memory_bytes: 1 << 30,
+                thread_percentage: 25
+            })
+        );
+        assert!(matches!(
+            Limits::checked(1 << 20, 25),
+            Err(LimitError::MemoryTooSmall { .. })
+        ));
+        assert!(matches!(
+            Limits::checked(1 << 30, 0),
+            Err(LimitError::ThreadPercentage { .. })
+        ));
+        assert!(matches!(
+            Limits::checked(1 << 30, 356),
+            Err(LimitError::ThreadPercentage { .. })
+        ));
     }
 
     #[test]

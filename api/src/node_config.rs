@@ -20,6 +20,8 @@ pub const MPS_MAX_CLIENTS_PER_GPU: u32 = 48;
 
 #[derive(Debug, Error)]
 pub enum ConfigError {
+    #[error("cannot read the node config {path}: {source}")]
+    Read { path: String, source: std::io::Error },
     #[error("{path}: {message}")]
     Syntax { path: String, message: String },
     #[error("{path}: {key} = {value:?}: {source}")]
@@ -179,12 +181,25 @@ impl Default for NodeConfig {
 }
 
 impl NodeConfig {
+    /// Reads and parses the config file at `path`; a missing file means all defaults (which
+    /// refuse containers that set no limits of their own).
+    pub fn load(path: &Path) -> Result<Self, ConfigError> {
+        match std::fs::read_to_string(path) {
+            Ok(text) => NodeConfig::from_toml(&text, path),
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(NodeConfig::default()),
+            Err(source) => Err(ConfigError::Read {
+                path: path.display().to_string(),
+                source,
+            }),
+        }
+    }
+
     /// Parses the TOML text of a config file; `path` is only used in error messages.
     pub fn from_toml(text: &str, path: &Path) -> Result<Self, ConfigError> {
         let p = path.display().to_string();
         let raw: RawConfig = toml::from_str(text).map_err(|e| ConfigError::Syntax {
             path: p.clone(),
-            message: one_line(&e),
+            message: crate::message::one_line(&e.to_string()),
         })?;
         let d = NodeConfig::default();
         let memory = |key: &'static str, value: Option<String>| -> Result<Option<u64>, ConfigError> {
@@ -357,10 +372,6 @@ pub fn config_path_from_env() -> PathBuf {
     std::env::var_os(CONFIG_ENV)
         .map(PathBuf::from)
         .unwrap_or_else(|| PathBuf::from(DEFAULT_CONFIG_PATH))
-}
-
-fn one_line(e: &toml::de::Error) -> String {
-    e.to_string().split_whitespace().collect::<Vec<_>>().join(" ")
 }
 
 #[cfg(test)]

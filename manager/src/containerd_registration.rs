@@ -26,7 +26,7 @@
 
 use std::fmt;
 use std::fs;
-use std::io::{self, Write};
+use std::io;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::{SystemTime, UNIX_EPOCH};
@@ -43,6 +43,8 @@ pub const SHIM_PATH: &str = "/usr/local/bin/gpu-mps-shim";
 /// (`<container-name>.gpu-mps.io/memory-limit`) annotations. containerd matches them with Go's
 /// `filepath.Match`, where `*` stops at `/`.
 pub use gpu_mps_api::annotations::{CONTAINER_ANNOTATION_PATTERNS, POD_ANNOTATION_PATTERNS};
+use gpu_mps_api::files::{self, Durability, FileMode};
+use gpu_mps_api::message::one_line;
 
 /// The patterns the entry must list under `key` (pod_annotations or container_annotations).
 pub fn annotation_patterns(key: &str) -> &'static [&'static str] {
@@ -1219,10 +1221,6 @@ fn show(item: Option<&Item>) -> String {
         .unwrap_or_else(|| "(unset)".into())
 }
 
-fn one_line(s: &str) -> String {
-    s.split_whitespace().collect::<Vec<_>>().join(" ")
-}
-
 // ---- I/O ----------------------------------------------------------------------------------------
 
 impl ExistingFiles {
@@ -1304,28 +1302,6 @@ fn back_up(path: &Path) -> Result<PathBuf, RegistrationError> {
 }
 
 fn write_atomic(path: &Path, contents: &str) -> Result<(), RegistrationError> {
-    let dir = path
-        .parent()
-        .filter(|d| !d.as_os_str().is_empty())
-        .unwrap_or(Path::new("."));
-    fs::create_dir_all(dir).map_err(|source| RegistrationError::Io {
-        path: dir.into(),
-        action: "create",
-        source,
-    })?;
-    let name = path
-        .file_name()
-        .map(|n| n.to_string_lossy().into_owned())
-        .unwrap_or_default();
-    let tmp = dir.join(format!(".{name}.gpu-mps-tmp.{}", std::process::id()));
-    let result = write_then_rename(&tmp, path, contents);
-    if result.is_err() {
-        let _ = fs::remove_file(&tmp);
-    }
-    result
-}
-
-fn write_then_rename(tmp: &Path, path: &Path, contents: &str) -> Result<(), RegistrationError> {
     let io_err = |action: &'static str| {
         move |source: io::Error| RegistrationError::Io {
             path: path.into(),
@@ -1333,20 +1309,17 @@ fn write_then_rename(tmp: &Path, path: &Path, contents: &str) -> Result<(), Regi
             source,
         }
     };
-    // A config readable only by root stays that way.
-    let mode = fs::metadata(path).ok().map(|m| m.permissions());
-    let mut file = fs::File::create(tmp).map_err(io_err("create a temporary file next to"))?;
-    file.write_all(contents.as_bytes()).map_err(io_err("write"))?;
-    if let Some(mode) = mode {
-        file.set_permissions(mode).map_err(io_err("set the mode of"))?;
+    if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
+        fs::create_dir_all(dir).map_err(io_err("create the directory of"))?;
     }
-    file.sync_all().map_err(io_err("sync"))?;
-    fs::rename(tmp, path).map_err(io_err("rename into place"))?;
-    if let Some(dir) = path.parent().and_then(|d| fs::File::open(d).ok()) {
-        // The rename is durable once the directory is.
-        let _ = dir.sync_all();
-    }
-    Ok(())
+    // Durable: /etc survives a power loss; a root-only config stays root-only.
+    files::replace_file(
+        path,
+        contents.as_bytes(),
+        FileMode::KeepExisting { default: 0o644 },
+        Durability::Durable,
+    )
+    .map_err(io_err("write"))
 }
 
 /// `containerd --version` output to (major, minor), for Debian

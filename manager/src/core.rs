@@ -5,6 +5,7 @@ use std::path::Path;
 use std::sync::Arc;
 use std::time::{SystemTime, UNIX_EPOCH};
 
+use gpu_mps_api::files::{self, Durability, FileMode};
 use gpu_mps_api::inventory::Inventory;
 use gpu_mps_api::node_config::NodeConfig;
 use gpu_mps_api::proto;
@@ -19,7 +20,7 @@ use crate::gpu_backend::{GpuBackend, GpuBackendError};
 use crate::lease::LeaseRecord;
 use crate::mps_control::{self, ControlError, MpsControl};
 use crate::process_identity::ProcessIdentity;
-use crate::state::{DaemonRecord, State, StateError, write_atomically};
+use crate::state::{DaemonRecord, State, StateError};
 
 #[derive(Debug, Error)]
 pub enum ManagerError {
@@ -94,8 +95,13 @@ impl ManagerCore {
             warn!(source = %inventory.source, "no GPU found: every lease will be refused");
         }
         let text = serde_json::to_vec_pretty(&inventory).expect("inventory serializes");
-        write_atomically(&config.inventory_path(), &text, 0o644)
-            .map_err(io_err(format!("writing {}", config.inventory_path().display())))?;
+        files::replace_file(
+            &config.inventory_path(),
+            &text,
+            FileMode::Set(0o644),
+            Durability::Volatile,
+        )
+        .map_err(io_err(format!("writing {}", config.inventory_path().display())))?;
 
         let mut state = State::load(&config.state_path())?;
         adopt(&mut state, control.as_ref()).await;
@@ -489,24 +495,11 @@ fn validate(req: &proto::AcquireRequest) -> Result<LeaseRequest, ManagerError> {
     if req.gpu_uuids.is_empty() {
         return bad("no GPU in the request".into());
     }
-    if !(1..=100).contains(&req.active_thread_percentage) {
-        return bad(format!(
-            "active thread percentage {} is not 1 to 100",
-            req.active_thread_percentage
-        ));
-    }
-    if req.memory_limit_bytes < gpu_mps_api::limits::MIN_MEMORY_LIMIT_BYTES {
-        return bad(format!(
-            "memory limit {} bytes is below 64Mi",
-            req.memory_limit_bytes
-        ));
-    }
+    let limits = Limits::checked(req.memory_limit_bytes, req.active_thread_percentage)
+        .map_err(|e| ManagerError::InvalidRequest(e.to_string()))?;
     Ok(LeaseRequest {
         key: DaemonKey::new(req.gpu_uuids.iter().cloned()),
-        limits: Limits {
-            memory_bytes: req.memory_limit_bytes,
-            thread_percentage: req.active_thread_percentage as u8,
-        },
+        limits,
         namespace: req.namespace.clone(),
     })
 }
@@ -585,8 +578,8 @@ fn lease_proto(l: &LeaseRecord) -> proto::Lease {
 
 fn make_dir(path: &Path, mode: u32) -> Result<(), ManagerError> {
     use std::os::unix::fs::PermissionsExt;
-    std::fs::create_dir_all(path).map_err(io_err(format!("creating {}", path.display())))?;
-    // Explicit: non-root clients must traverse every directory on the pipe path.
+    files::create_dirs(path, mode).map_err(io_err(format!("creating {}", path.display())))?;
+    // Also when it existed: non-root clients must traverse every directory on the pipe path.
     std::fs::set_permissions(path, std::fs::Permissions::from_mode(mode))
         .map_err(io_err(format!("setting the mode of {}", path.display())))
 }

@@ -11,6 +11,7 @@ use std::process::Stdio;
 use std::time::Duration;
 
 use async_trait::async_trait;
+use gpu_mps_api::message::one_line;
 use gpu_mps_api::{DaemonKey, Limits};
 use thiserror::Error;
 use tokio::io::AsyncWriteExt;
@@ -134,7 +135,7 @@ impl MpsControl for CliControl {
                 "{} -d exited with {}: {}",
                 self.binary_name(),
                 output.status,
-                one_line(
+                cli_output(
                     &String::from_utf8_lossy(&output.stderr),
                     &String::from_utf8_lossy(&output.stdout)
                 )
@@ -193,7 +194,7 @@ impl MpsControl for CliControl {
         if !output.status.success() {
             return Err(ControlError::NoDaemon {
                 pipe_dir: pipe_dir.display().to_string(),
-                output: one_line(&String::from_utf8_lossy(&output.stderr), &stdout),
+                output: cli_output(&String::from_utf8_lossy(&output.stderr), &stdout),
             });
         }
         Ok(stdout)
@@ -209,9 +210,10 @@ pub fn read_pid_file(pipe_dir: &Path) -> Option<u32> {
         .ok()
 }
 
-fn one_line(a: &str, b: &str) -> String {
-    let text = if a.trim().is_empty() { b } else { a };
-    text.split_whitespace().collect::<Vec<_>>().join(" ")
+/// The CLI's stderr, or its stdout when stderr is empty (it prints "Cannot find MPS control
+/// daemon process" on stdout), as one line.
+fn cli_output(stderr: &str, stdout: &str) -> String {
+    one_line(if stderr.trim().is_empty() { stdout } else { stderr })
 }
 
 /// `get_server_list` / `get_client_list`: one pid per line.

@@ -2,9 +2,9 @@
 //! read at start so a restarted manager adopts the daemons and leases it had.
 
 use std::collections::BTreeMap;
-use std::io::Write;
 use std::path::{Path, PathBuf};
 
+use gpu_mps_api::files::{self, Durability, FileMode};
 use gpu_mps_api::{DaemonKey, Limits};
 use serde::{Deserialize, Serialize};
 use thiserror::Error;
@@ -94,44 +94,18 @@ impl State {
 
     pub fn save(&self, path: &Path) -> Result<(), StateError> {
         let text = serde_json::to_vec_pretty(self).expect("state serializes");
-        write_atomically(path, &text, 0o600).map_err(|source| StateError::Write {
-            path: path.into(),
-            source,
+        // Volatile: the state lives on tmpfs (/run/gpu-mps); see gpu_mps_api::files::Durability.
+        files::replace_file(path, &text, FileMode::Set(0o600), Durability::Volatile).map_err(|source| {
+            StateError::Write {
+                path: path.into(),
+                source,
+            }
         })
     }
 
     pub fn leases_of<'a>(&'a self, key: &'a DaemonKey) -> impl Iterator<Item = &'a LeaseRecord> + 'a {
         self.leases.values().filter(move |l| &l.key == key)
     }
-}
-
-/// Writes `path` so that a reader, or a manager restarted after a crash, sees the old or the
-/// new content, never a torn file: a temp file in the same directory, renamed over `path`.
-/// No fsync: the state lives on tmpfs (/run/gpu-mps), and a power loss ends every daemon and
-/// container it describes, so durability across one buys nothing; the fsyncs cost ~1 ms of
-/// every Acquire and Release on disk-backed test dirs.
-pub fn write_atomically(path: &Path, bytes: &[u8], mode: u32) -> std::io::Result<()> {
-    use std::os::unix::fs::OpenOptionsExt;
-    let dir = path.parent().unwrap_or(Path::new("."));
-    let name = path
-        .file_name()
-        .map(|n| n.to_string_lossy().into_owned())
-        .unwrap_or_default();
-    let tmp = dir.join(format!(".{name}.tmp-{}", std::process::id()));
-    let result = (|| {
-        let mut f = std::fs::OpenOptions::new()
-            .write(true)
-            .create(true)
-            .truncate(true)
-            .mode(mode)
-            .open(&tmp)?;
-        f.write_all(bytes)?;
-        std::fs::rename(&tmp, path)
-    })();
-    if result.is_err() {
-        let _ = std::fs::remove_file(&tmp);
-    }
-    result
 }
 
 #[cfg(test)]

@@ -1,10 +1,11 @@
 //! The shim's file system work: read a bundle's config.json, replace it atomically, and create
 //! the daemon's pipe dir that runc bind-mounts.
 
-use std::fs::{self, DirBuilder, OpenOptions};
-use std::io::{self, Write};
-use std::os::unix::fs::{DirBuilderExt, MetadataExt, OpenOptionsExt, PermissionsExt};
+use std::fs;
+use std::io;
 use std::path::{Path, PathBuf};
+
+use gpu_mps_api::files::{self, Durability, FileMode};
 
 use thiserror::Error;
 
@@ -31,68 +32,30 @@ pub fn read_config(bundle: &Path) -> Result<String, BundleError> {
     fs::read_to_string(&path).map_err(|source| BundleError::Read { path, source })
 }
 
-/// Replaces config.json with `text`: a temp file in the bundle dir with the original's mode
-/// and owner, renamed over config.json. runc never sees a partial file, and a shim killed
-/// mid-write leaves the old spec. No fsync: bundles live on tmpfs (/run/containerd) on a node,
-/// and a power loss discards them with their containers anyway; an fsync here cost ~1 ms of
-/// every GPU container's start on disk-backed test dirs.
+/// Replaces config.json with `text`, keeping its mode and owner: runc never sees a partial file,
+/// and a shim killed mid-write leaves the old spec. No fsync: bundles live on tmpfs
+/// (/run/containerd) on a node (see gpu_mps_api::files::Durability).
 pub fn write_config_atomically(bundle: &Path, text: &str) -> Result<(), BundleError> {
     let path = config_path(bundle);
-    let tmp = bundle.join(format!(".{CONFIG_FILE}.gpu-mps-shim.{}.tmp", std::process::id()));
-    let result = write_replacing(&path, &tmp, text.as_bytes());
-    if result.is_err() {
-        let _ = fs::remove_file(&tmp);
-    }
-    result.map_err(|source| BundleError::Write { path, source })
-}
-
-fn write_replacing(path: &Path, tmp: &Path, bytes: &[u8]) -> io::Result<()> {
-    let original = fs::metadata(path)?;
-    let mode = original.permissions().mode() & 0o7777;
-    // A leftover from a shim killed mid-write with the same pid.
-    match fs::remove_file(tmp) {
-        Err(e) if e.kind() != io::ErrorKind::NotFound => return Err(e),
-        _ => {}
-    }
-    let mut file = OpenOptions::new()
-        .write(true)
-        .create_new(true)
-        .mode(mode)
-        .open(tmp)?;
-    // The umask may have narrowed the mode; chown before chmod so that set-id bits survive.
-    let created = file.metadata()?;
-    if (created.uid(), created.gid()) != (original.uid(), original.gid()) {
-        std::os::unix::fs::fchown(&file, Some(original.uid()), Some(original.gid()))?;
-    }
-    file.set_permissions(fs::Permissions::from_mode(mode))?;
-    file.write_all(bytes)?;
-    drop(file);
-    fs::rename(tmp, path)
+    // Replace, never create: a bundle without config.json is not one runc can create from.
+    let keep = FileMode::KeepExisting { default: 0o644 };
+    fs::metadata(&path)
+        .and_then(|_| files::replace_file(&path, text.as_bytes(), keep, Durability::Volatile))
+        .map_err(|source| BundleError::Write { path, source })
 }
 
 /// `mkdir -p` with mode 0755 on each component it creates, whatever the umask.
 pub fn create_pipe_dir(path: &Path) -> Result<(), BundleError> {
-    let err = |source| BundleError::PipeDir {
+    files::create_dirs(path, PIPE_DIR_MODE).map_err(|source| BundleError::PipeDir {
         path: path.to_path_buf(),
         source,
-    };
-    let missing: Vec<&Path> = path
-        .ancestors()
-        .take_while(|p| !p.as_os_str().is_empty() && !p.is_dir())
-        .collect();
-    for dir in missing.into_iter().rev() {
-        match DirBuilder::new().mode(PIPE_DIR_MODE).create(dir) {
-            Ok(()) => fs::set_permissions(dir, fs::Permissions::from_mode(PIPE_DIR_MODE)).map_err(err)?,
-            // Another create for the same daemon made it first.
-            Err(e) if e.kind() == io::ErrorKind::AlreadyExists && dir.is_dir() => {}
-            Err(e) => return Err(err(e)),
-        }
-    }
-    Ok(())
+    })
 }
 
 #[cfg(test)]
 mod tests {
+    use std::os::unix::fs::PermissionsExt;
+
     use super::*;
 
     fn mode(path: &Path) -> u32 {

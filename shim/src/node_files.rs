@@ -11,8 +11,6 @@ use thiserror::Error;
 
 #[derive(Debug, Error)]
 pub enum NodeFileError {
-    #[error("cannot read the node config {path}: {source}")]
-    ConfigRead { path: PathBuf, source: io::Error },
     #[error("invalid node config {0}")]
     Config(#[from] ConfigError),
     #[error(
@@ -27,14 +25,7 @@ pub enum NodeFileError {
 
 /// The node config at `path`; a missing file means all defaults.
 pub fn load_config(path: &Path) -> Result<NodeConfig, NodeFileError> {
-    match fs::read_to_string(path) {
-        Ok(text) => Ok(NodeConfig::from_toml(&text, path)?),
-        Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(NodeConfig::default()),
-        Err(source) => Err(NodeFileError::ConfigRead {
-            path: path.to_path_buf(),
-            source,
-        }),
-    }
+    Ok(NodeConfig::load(path)?)
 }
 
 /// The runc to exec, with as little work as possible: only `runc_path` is read, and a config

@@ -16,7 +16,8 @@ use crate::runc_args::LogFormat;
 
 /// One error line (without the newline) in `format`; `time` is an RFC 3339 timestamp.
 pub fn error_line(format: LogFormat, msg: &str, time: &str) -> String {
-    let msg = single_line(msg);
+    // A log line must stay one line whatever an error message carries.
+    let msg = gpu_mps_api::message::one_line(msg);
     match format {
         LogFormat::Json => serde_json::json!({ "level": "error", "msg": msg, "time": time }).to_string(),
         LogFormat::Text => format!("time={} level=error msg={}", go_quote(time), go_quote(&msg)),
@@ -66,11 +67,6 @@ fn civil_from_days(days: u64) -> (u64, u64, u64) {
     };
     let year = year_of_era + era * 400 + u64::from(month <= 2);
     (year, month, day)
-}
-
-/// A log line must stay one line whatever an error message carries.
-fn single_line(msg: &str) -> String {
-    msg.replace(['\r', '\n'], " ")
 }
 
 /// A double-quoted string as Go's `%q` writes it, which is how logrus' text format quotes.

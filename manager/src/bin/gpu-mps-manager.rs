@@ -52,7 +52,7 @@ fn load_config(path: &Path) -> anyhow::Result<NodeConfig> {
     if !path.exists() {
         tracing::warn!(path = %path.display(), "no config file: built-in defaults (containers must then set both limits)");
     }
-    Ok(gpu_mps_shim::node_files::load_config(path)?)
+    Ok(NodeConfig::load(path)?)
 }
 
 #[tokio::main]

@@ -13,7 +13,7 @@ use gpu_mps_api::node_config::{self, NodeConfig};
 use gpu_mps_manager::containerd_registration as reg;
 use gpu_mps_manager::explain::explain_rewrite;
 use gpu_mps_manager::status_view::StatusView;
-use gpu_mps_shim::node_files::{load_config as load_node_config, load_inventory};
+use gpu_mps_shim::node_files::load_inventory;
 
 #[derive(Debug, clap::Args)]
 struct RegistrationArgs {
@@ -71,10 +71,6 @@ fn register(r: &RegistrationArgs, remove: bool) -> anyhow::Result<()> {
         println!("restart containerd to apply: systemctl restart containerd");
     }
     Ok(())
-}
-
-fn load_config(path: &Path) -> anyhow::Result<NodeConfig> {
-    Ok(load_node_config(path)?)
 }
 
 fn explain(bundle: &Path, config: &NodeConfig, inventory_path: &Path) -> anyhow::Result<String> {
@@ -166,7 +162,7 @@ fn run(args: Args) -> anyhow::Result<()> {
         Command::UninstallContainerd { registration } => return register(registration, true),
         _ => {}
     }
-    let config = load_config(&args.config)?;
+    let config = NodeConfig::load(&args.config)?;
     if let Command::Explain { bundle, inventory } = &args.command {
         let inventory_path = inventory.clone().unwrap_or_else(|| config.inventory_path());
         print!("{}", explain(bundle, &config, &inventory_path)?);

@@ -1,0 +1,173 @@
+//! The files the node components write: whole-file replacement that a reader (or a process
+//! restarted after a crash) sees as the old or the new content, never torn; and directories
+//! created with an explicit mode whatever the umask.
+//!
+//! One implementation for the shim (config.json), the manager (state, inventory) and the
+//! containerd registration (/etc/containerd), which differ only in the options below.
+
+use std::fs::{self, DirBuilder, OpenOptions};
+use std::io::{self, Write};
+use std::os::unix::fs::{DirBuilderExt, MetadataExt, OpenOptionsExt, PermissionsExt};
+use std::path::Path;
+
+/// The mode of the replacement.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum FileMode {
+    /// The existing file's mode and owner (a root-only config stays root-only); `default` when
+    /// there is no file yet.
+    KeepExisting {
+        default: u32,
+    },
+    Set(u32),
+}
+
+/// Whether the replacement must survive a power loss.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Durability {
+    /// fsync of the file and its directory: for /etc.
+    Durable,
+    /// Rename only: for files on tmpfs (/run), which a power loss discards anyway together with
+    /// the containers and daemons they describe; an fsync costs ~1 ms on every container start
+    /// where such a directory is on disk (test setups).
+    Volatile,
+}
+
+/// Replaces `path` with `bytes` through a temp file in the same directory and a rename.
+pub fn replace_file(path: &Path, bytes: &[u8], mode: FileMode, durability: Durability) -> io::Result<()> {
+    let dir = path
+        .parent()
+        .filter(|d| !d.as_os_str().is_empty())
+        .unwrap_or(Path::new("."));
+    let name = path
+        .file_name()
+        .map(|n| n.to_string_lossy().into_owned())
+        .unwrap_or_default();
+    let tmp = dir.join(format!(".{name}.gpu-mps.{}.tmp", std::process::id()));
+    let result = write_then_rename(path, &tmp, bytes, mode, durability);
+    if result.is_err() {
+        let _ = fs::remove_file(&tmp);
+    }
+    result
+}
+
+fn write_then_rename(
+    path: &Path,
+    tmp: &Path,
+    bytes: &[u8],
+    mode: FileMode,
+    durability: Durability,
+) -> io::Result<()> {
+    let existing = fs::metadata(path).ok();
+    let (mode, owner) = match mode {
+        FileMode::Set(m) => (m, None),
+        FileMode::KeepExisting { default } => match &existing {
+            Some(m) => (m.permissions().mode() & 0o7777, Some((m.uid(), m.gid()))),
+            None => (default, None),
+        },
+    };
+    // A leftover of a writer killed mid-write that had the same pid.
+    match fs::remove_file(tmp) {
+        Err(e) if e.kind() != io::ErrorKind::NotFound => return Err(e),
+        _ => {}
+    }
+    let mut file = OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .mode(mode)
+        .open(tmp)?;
+    if let Some((uid, gid)) = owner {
+        let created = file.metadata()?;
+        if (created.uid(), created.gid()) != (uid, gid) {
+            std::os::unix::fs::fchown(&file, Some(uid), Some(gid))?;
+        }
+    }
+    // The umask may have narrowed the mode; chmod after chown so that set-id bits survive.
+    file.set_permissions(fs::Permissions::from_mode(mode))?;
+    file.write_all(bytes)?;
+    if durability == Durability::Durable {
+        file.sync_all()?;
+    }
+    drop(file);
+    fs::rename(tmp, path)?;
+    if durability == Durability::Durable {
+        fs::File::open(
+            path.parent()
+                .filter(|d| !d.as_os_str().is_empty())
+                .unwrap_or(Path::new(".")),
+        )?
+        .sync_all()?;
+    }
+    Ok(())
+}
+
+/// `mkdir -p` where every component it creates gets `mode`, whatever the umask (MPS pipe dirs
+/// must be traversable by non-root clients). Existing components are left as they are; a
+/// concurrent creator of the same directory is not an error.
+pub fn create_dirs(path: &Path, mode: u32) -> io::Result<()> {
+    let missing: Vec<&Path> = path
+        .ancestors()
+        .take_while(|p| !p.as_os_str().is_empty() && !p.is_dir())
+        .collect();
+    for dir in missing.into_iter().rev() {
+        match DirBuilder::new().mode(mode).create(dir) {
+            Ok(()) => fs::set_permissions(dir, fs::Permissions::from_mode(mode))?,
+            Err(e) if e.kind() == io::ErrorKind::AlreadyExists && dir.is_dir() => {}
+            Err(e) => return Err(e),
+        }
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn mode_of(path: &Path) -> u32 {
+        fs::metadata(path).unwrap().permissions().mode() & 0o7777
+    }
+
+    #[test]
+    fn keeps_the_mode_or_sets_it_and_leaves_no_temp_file() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("f.json");
+        let keep = FileMode::KeepExisting { default: 0o640 };
+        replace_file(&path, b"1", keep, Durability::Volatile).unwrap();
+        assert_eq!(mode_of(&path), 0o640, "default for a new file");
+        fs::set_permissions(&path, fs::Permissions::from_mode(0o600)).unwrap();
+        replace_file(&path, b"2", keep, Durability::Durable).unwrap();
+        assert_eq!(
+            (fs::read_to_string(&path).unwrap().as_str(), mode_of(&path)),
+            ("2", 0o600)
+        );
+        replace_file(&path, b"3", FileMode::Set(0o644), Durability::Volatile).unwrap();
+        assert_eq!(mode_of(&path), 0o644);
+        let names: Vec<_> = fs::read_dir(dir.path())
+            .unwrap()
+            .map(|e| e.unwrap().file_name())
+            .collect();
+        assert_eq!(names, ["f.json"]);
+    }
+
+    #[test]
+    fn a_failed_replace_keeps_the_old_content() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("sub");
+        fs::create_dir(&path).unwrap();
+        // Renaming a file over a directory fails: the directory stays, no temp file stays.
+        assert!(replace_file(&path, b"x", FileMode::Set(0o644), Durability::Volatile).is_err());
+        assert!(path.is_dir());
+        assert_eq!(fs::read_dir(dir.path()).unwrap().count(), 1);
+    }
+
+    #[test]
+    fn creates_every_missing_component_with_the_mode() {
+        let dir = tempfile::tempdir().unwrap();
+        let deep = dir.path().join("a/b/c");
+        create_dirs(&deep, 0o755).unwrap();
+        for p in [dir.path().join("a"), dir.path().join("a/b"), deep.clone()] {
+            assert_eq!(mode_of(&p), 0o755, "{}", p.display());
+        }
+        create_dirs(&deep, 0o700).unwrap();
+        assert_eq!(mode_of(&deep), 0o755, "existing directories are left alone");
+    }
+}
