@@ -18,6 +18,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 [ "$(id -u)" = 0 ] || { echo "demo: run as root (containerd and runc need it): sudo bash demo/run.sh" >&2; exit 1; }
 
+source scripts/ctr-node.sh
 say() { printf '\n\033[1m== %s\033[0m\n' "$*"; }
 bash scripts/setup-debian.sh
 [ -f "$HOME/.cargo/env" ] && . "$HOME/.cargo/env"
@@ -40,9 +41,7 @@ cleanup() {
     for id in $(ctr_ task ls -q 2>/dev/null); do ctr_ task kill -s KILL "$id"; done >/dev/null 2>&1
     sleep 0.5
     [ -n "$MGR_PID" ] && kill "$MGR_PID" 2>/dev/null && wait "$MGR_PID" 2>/dev/null
-    for p in "$ROOT"/daemons/*/pipe; do
-        [ -S "$p/control" ] && echo quit | CUDA_MPS_PIPE_DIRECTORY=$p "$CONTROL" >/dev/null 2>&1
-    done
+    quit_mps_daemons "$ROOT" "$CONTROL"
     [ -n "$CTD_PID" ] && kill "$CTD_PID" 2>/dev/null && wait "$CTD_PID" 2>/dev/null
     echo "demo: stopped everything it started; logs in $W"
 }
@@ -61,11 +60,8 @@ if $REAL; then
     nvcc -O2 -o "$W/rootfs/check/client" tests/gpu/mps-check.cu
     CLIENT=(/check/client --alloc-mib 3000 --alloc-mib 5000 --hold-seconds 5)
     CLIENT_BIG=(/check/client --alloc-mib 7000 --alloc-mib 9000)
-    DEVS=""; for d in /dev/nvidia0 /dev/nvidiactl /dev/nvidia-uvm /dev/nvidia-uvm-tools; do [ -e $d ] && DEVS="$DEVS --device $d"; done
-    MNTS=""
-    for m in /usr /lib /lib64 /bin /sbin /etc; do
-        if [ -L $m ]; then ln -sfn "$(readlink $m)" "$W/rootfs$m"; elif [ -d $m ]; then mkdir -p "$W/rootfs$m"; MNTS="$MNTS --mount type=bind,src=$m,dst=$m,options=rbind:ro"; fi
-    done
+    DEVS=$(nvidia_device_flags)
+    MNTS=$(host_userland_flags "$W/rootfs")
     INVENTORY=()
 else
     say "no NVIDIA GPU here: SIMULATED MPS daemon (tests/support/fake-mps-control, a test double; no GPU work happens)"
@@ -82,35 +78,14 @@ fi
 cp "$CHECKER" "$W/rootfs/check/checker"
 mkdir -p "$W/rootfs"/{proc,sys,dev,tmp,etc}
 
-cat >"$W/config.toml" <<EOF
-root = "$ROOT"
-hook_path = "$B/gpu-mps-hook"
-runc_path = "$SUITE/usr/sbin/runc"
-[limits]
-policy = "uniform"
-default_memory_limit = "4Gi"
-default_active_thread_percentage = 25
-[daemon]
-control_binary = "$CONTROL"
-# A demo never changes a GPU's compute mode (a real node does: exclusive_process = true).
-exclusive_process = false
-idle_grace_seconds = 3
-EOF
+write_node_config "$W/config.toml" "$ROOT" "$B/gpu-mps-hook" "$SUITE/usr/sbin/runc" "$CONTROL" uniform 3
 export GPU_MPS_CONFIG=$W/config.toml
 
 say "starting gpu-mps-manager and containerd $("$SUITE/usr/bin/containerd" --version | awk '{print $3}')"
 "$B/gpu-mps-manager" "${INVENTORY[@]}" >"$W/manager.log" 2>&1 &
 MGR_PID=$!
-cat >"$W/containerd.toml" <<EOF
-version = 2
-root = "$W/containerd-root"
-state = "$W/containerd-state"
-[grpc]
-  address = "$W/containerd.sock"
-EOF
-PATH=$SUITE/usr/sbin:$SUITE/usr/bin:$PATH "$SUITE/usr/bin/containerd" --config "$W/containerd.toml" >"$W/containerd.log" 2>&1 &
-CTD_PID=$!
-for _ in $(seq 100); do [ -S "$W/containerd.sock" ] && [ -S "$ROOT/manager.sock" ] && break; sleep 0.1; done
+PATH=$SUITE/usr/sbin:$SUITE/usr/bin:$PATH start_private_containerd "$W" "$SUITE/usr/bin/containerd" "$W/containerd.log" "$GPU_MPS_CONFIG"
+for _ in $(seq 100); do [ -S "$ROOT/manager.sock" ] && break; sleep 0.1; done
 ctr_() { PATH=$SUITE/usr/sbin:$SUITE/usr/bin:$PATH "$SUITE/usr/bin/ctr" --address "$W/containerd.sock" "$@"; }
 
 # run_limited <name> <memory> <threads> <command...>: a container asking for the GPU, as the

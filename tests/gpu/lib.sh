@@ -1,13 +1,15 @@
 # Shared by the GPU scripts (run.sh, proof.sh): unpack what .carry/ brought, start a private
 # containerd and gpu-mps-manager, run containers through ctr, record results, tear down.
-# Sourced after the caller set OUT and opened its log. Never changes compute mode, clocks, MIG or
-# persistence; quits every MPS daemon started under its root on EXIT.
+# Sourced after the caller set OUT and opened its log; builds on scripts/ctr-node.sh. Never
+# changes compute mode, clocks, MIG or persistence; quits every MPS daemon started under its root on EXIT.
 W=/tmp/gpu-mps-gpu
 # Per-container outputs and logs go to $D and come back as one archive: the device machine
 # returns at most 8 files.
 D=$W/out
 RESULTS=$OUT/results.tsv
 : >"$RESULTS"
+
+source scripts/ctr-node.sh
 
 log() { echo "[$(date +%H:%M:%S)] $*"; }
 # row <id> <PASS|FAIL|INFO> <what> <measured>
@@ -25,9 +27,7 @@ cleanup() {
     sleep 1
     for id in $(ctr_ containers ls -q 2>/dev/null); do ctr_ task delete -f "$id" >/dev/null 2>&1; ctr_ containers rm "$id" >/dev/null 2>&1; done
     stop_manager
-    for p in /run/gpu-mps-test/daemons/*/pipe; do
-        [ -S "$p/control" ] && echo quit | CUDA_MPS_PIPE_DIRECTORY=$p nvidia-cuda-mps-control >/dev/null 2>&1
-    done
+    quit_mps_daemons /run/gpu-mps-test nvidia-cuda-mps-control
     [ -n "${CTD_PID:-}" ] && kill "$CTD_PID" 2>/dev/null && wait "$CTD_PID" 2>/dev/null
     cp /run/gpu-mps-test/daemons/*/log/*.log "$D/" 2>/dev/null
     pgrep -a nvidia-cuda-mps || log "no MPS process left"
@@ -66,38 +66,12 @@ SMS_TOTAL=$(jget "$("$W/rootfs-base/check/mps-check" --tag host)" "d['sms']")
 log "GPU has $SMS_TOTAL SMs (direct context on the host, before any daemon)"
 mkdir -p "$W/rootfs-base"/{proc,sys,dev,tmp,usr,lib,lib64,bin,etc,sbin}
 
-# containerd with a private root, state and socket; GPU_MPS_CONFIG reaches the shim through it.
 CFG=$W/gpu-mps.toml
-cat >"$W/containerd.toml" <<EOF
-version = 2
-root = "$W/ctd-root"
-state = "$W/ctd-state"
-[grpc]
-  address = "$W/containerd.sock"
-EOF
-GPU_MPS_CONFIG=$CFG containerd --config "$W/containerd.toml" >"$D/containerd.log" 2>&1 &
-CTD_PID=$!
-for _ in $(seq 100); do [ -S "$W/containerd.sock" ] && break; sleep 0.1; done
+start_private_containerd "$W" containerd "$D/containerd.log" "$CFG" || exit 1
 ctr_() { ctr --address "$W/containerd.sock" "$@"; }
-ctr_ version >/dev/null || { log "containerd did not start"; tail "$D/containerd.log"; exit 1; }
 
 write_config() { # write_config <policy> [ceiling-mem ceiling-threads]
-    cat >"$CFG" <<EOF
-root = "/run/gpu-mps-test"
-hook_path = "$W/bin/gpu-mps-hook"
-runc_path = "$W/ctd/sbin/runc"
-[limits]
-policy = "$1"
-default_memory_limit = "4Gi"
-default_active_thread_percentage = 25
-${2:+ceiling_memory_limit = \"$2\"}
-${3:+ceiling_active_thread_percentage = $3}
-[daemon]
-control_binary = "nvidia-cuda-mps-control"
-# Never change the compute mode of a shared test GPU.
-exclusive_process = false
-idle_grace_seconds = 4
-EOF
+    write_node_config "$CFG" /run/gpu-mps-test "$W/bin/gpu-mps-hook" "$W/ctd/sbin/runc" nvidia-cuda-mps-control "$1" 4 "${2:-}" "${3:-}"
 }
 MGR_PID=""
 start_manager() { # start_manager <label>
@@ -114,19 +88,8 @@ stop_manager() {
 }
 status_json() { GPU_MPS_CONFIG=$CFG gpu-mps status --json; }
 
-DEVS=""; for d in /dev/nvidia0 /dev/nvidiactl /dev/nvidia-uvm /dev/nvidia-uvm-tools; do [ -e $d ] && DEVS="$DEVS --device $d"; done
-# The container sees the host's userland read-only (CUDA program, libcuda, ld.so). On merged-/usr
-# systems (Ubuntu 24.04) /lib, /lib64, /bin and /sbin are symlinks into /usr: the rootfs gets the
-# same symlinks, and only real directories are bind-mounted.
-MNTS=""
-for m in /usr /lib /lib64 /bin /sbin /etc; do
-    if [ -L $m ]; then
-        rmdir "$W/rootfs-base$m" 2>/dev/null
-        ln -sfn "$(readlink $m)" "$W/rootfs-base$m"
-    elif [ -d $m ]; then
-        MNTS="$MNTS --mount type=bind,src=$m,dst=$m,options=rbind:ro"
-    fi
-done
+DEVS=$(nvidia_device_flags)
+MNTS=$(host_userland_flags "$W/rootfs-base")
 N=0
 # run_ctr <name> <runtime: gpu-mps|runc> <mem|-> <threads|-> -- <command...>; output in $OUT/<name>.out
 run_ctr() {

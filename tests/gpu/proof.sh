@@ -78,7 +78,7 @@ row P1.large INFO "contrast: N=4 x matmul 4096 (a GPU-filling job): time-slicing
     "ts=$ts_it (p50 $ts_p50, p99 $ts_p99) mps=$mps_it (p50 $mps_p50, p99 $mps_p99)"
 
 log "P2 (Q6): container create to first finished kernel: no daemon, warm daemon, plain runc"
-sed -i 's/idle_grace_seconds = 4/idle_grace_seconds = 1/' "$CFG"
+sed -i 's/^idle_grace_seconds = 4$/idle_grace_seconds = 1/' "$CFG"
 stop_manager; start_manager cold || exit 1
 for rep in 1 2 3 4 5; do
     wait_no_daemon
@@ -115,7 +115,7 @@ check P2.cold "on-demand daemon start costs at most 0.5 s more than warm" "cold-
 check P2.warm "warm gpu-mps costs at most 0.1 s more than plain runc" "warm-plain=$((warm - plain)) ms" '[ $((warm - plain)) -le 100 ]'
 
 log "P3: 48 containers at once, 2Gi / 2% each, fill to the limit and run kernels; a 49th is refused"
-sed -i 's/idle_grace_seconds = 1/idle_grace_seconds = 4/' "$CFG"
+sed -i 's/^idle_grace_seconds = 1$/idle_grace_seconds = 4/' "$CFG"
 stop_manager; start_manager scale || exit 1
 pids=()
 for i in $(seq 48); do
