@@ -11,6 +11,7 @@ pub mod limits;
 pub mod message;
 pub mod node_config;
 pub mod quantity;
+pub mod status_view;
 
 pub use daemon_key::DaemonKey;
 pub use limits::Limits;

@@ -1,6 +1,7 @@
 //! The manager's behaviour: leases, daemons, limits, idle shutdown and restart adoption.
 //! Side effects go through `MpsControl` and `GpuBackend`, so this is tested without a GPU.
 
+use std::collections::HashMap;
 use std::path::Path;
 use std::sync::Arc;
 use std::time::{SystemTime, UNIX_EPOCH};
@@ -16,6 +17,7 @@ use tracing::{error, info, warn};
 
 use crate::admission::{self, AdmissionPolicy, LeaseRequest, Refusal};
 use crate::compute_mode;
+use crate::fault_watch::{self, LogCursor};
 use crate::gpu_backend::{GpuBackend, GpuBackendError};
 use crate::lease::LeaseRecord;
 use crate::mps_control::{self, ControlError, MpsControl};
@@ -56,6 +58,9 @@ fn io_err(context: impl Into<String>) -> impl FnOnce(std::io::Error) -> ManagerE
     move |source| ManagerError::Io { context, source }
 }
 
+/// The MPS server's log, in the daemon's CUDA_MPS_LOG_DIRECTORY.
+const SERVER_LOG: &str = "server.log";
+
 pub fn now_unix() -> i64 {
     SystemTime::now()
         .duration_since(UNIX_EPOCH)
@@ -66,6 +71,9 @@ pub fn now_unix() -> i64 {
 struct Inner {
     state: State,
     inventory: Inventory,
+    /// Where each daemon's server.log was read up to, by daemon dir (not persisted: a restarted
+    /// manager starts at the end, the faults before were reported by the one that saw them).
+    server_logs: HashMap<String, LogCursor>,
 }
 
 pub struct ManagerCore {
@@ -128,12 +136,21 @@ impl ManagerCore {
         }
         state.save(&config.state_path())?;
         let policy = AdmissionPolicy::from(&config);
+        let server_logs = state
+            .daemons
+            .iter()
+            .map(|(dir, d)| (dir.clone(), LogCursor::at_end(&d.log_dir.join(SERVER_LOG))))
+            .collect();
         Ok(ManagerCore {
             config,
             policy,
             control,
             backend,
-            inner: Mutex::new(Inner { state, inventory }),
+            inner: Mutex::new(Inner {
+                state,
+                inventory,
+                server_logs,
+            }),
         })
     }
 
@@ -218,6 +235,9 @@ impl ManagerCore {
             make_dir(&pipe_dir, 0o755)?;
             make_dir(&log_dir, 0o755)?;
             let control = self.start_or_adopt(key, &pipe_dir, &log_dir).await?;
+            inner
+                .server_logs
+                .insert(dir.clone(), LogCursor::at_end(&log_dir.join(SERVER_LOG)));
             inner.state.daemons.insert(
                 dir.clone(),
                 DaemonRecord {
@@ -230,8 +250,11 @@ impl ManagerCore {
                     // Idle until a lease is recorded: a failed limit setting leaves it to the
                     // idle stop instead of leaking it.
                     idle_since_unix: Some(now_unix()),
+                    faults: 0,
+                    last_fault_unix: None,
                 },
             );
+
             inner.state.save(&self.config.state_path())?;
         }
         let record = inner.state.daemons.get_mut(&dir).expect("daemon record present");
@@ -389,6 +412,9 @@ impl ManagerCore {
                 }
                 continue;
             }
+            if self.note_faults(&mut inner, &dir, now) {
+                changed = true;
+            }
             let Some(idle_since) = record.idle_since_unix else {
                 continue;
             };
@@ -412,6 +438,38 @@ impl ManagerCore {
                 error!(error = %e, "saving state failed");
             }
         }
+    }
+
+    /// Reports the fatal faults the daemon's server logged since the last look. True if any.
+    fn note_faults(&self, inner: &mut Inner, dir: &str, now: i64) -> bool {
+        let Some(record) = inner.state.daemons.get(dir) else {
+            return false;
+        };
+        let log = record.log_dir.join(SERVER_LOG);
+        let cursor = inner
+            .server_logs
+            .entry(dir.to_string())
+            .or_insert_with(|| LogCursor::at_end(&log));
+        let pids = fault_watch::fault_pids(&cursor.read_new(&log));
+        if pids.is_empty() {
+            return false;
+        }
+        let affected: Vec<String> = inner
+            .state
+            .leases_of(&record.key)
+            .map(|l| {
+                if l.pod.is_empty() {
+                    l.container_id.clone()
+                } else {
+                    format!("{}/{}", l.namespace, l.pod)
+                }
+            })
+            .collect();
+        error!(daemon = %record.key, faulting_client_pids = ?pids, affected = ?affected, "the MPS server reported a fatal GPU fault: MPS tore down every client of this server (one fault domain per GPU; tenancy = \"exclusive\" keeps namespaces apart)");
+        let record = inner.state.daemons.get_mut(dir).expect("checked above");
+        record.faults += pids.len() as u32;
+        record.last_fault_unix = Some(now);
+        true
     }
 
     /// Quits an idle daemon unless MPS still reports clients on it (a container gpu-mps does
@@ -558,6 +616,8 @@ fn daemon_proto(d: &DaemonRecord, leases: usize) -> proto::Daemon {
     .into();
     daemon.idle_since_unix = d.idle_since_unix.unwrap_or(0);
     daemon.started_unix = d.started_unix;
+    daemon.faults = d.faults;
+    daemon.last_fault_unix = d.last_fault_unix.unwrap_or(0);
     daemon
 }
 

@@ -6,10 +6,13 @@ pub mod compute_mode;
 pub mod containerd_registration;
 pub mod core;
 pub mod explain;
+pub mod fault_watch;
 pub mod gpu_backend;
 pub mod lease;
 pub mod mps_control;
 pub mod process_identity;
 pub mod server;
 pub mod state;
-pub mod status_view;
+
+// Defined in the api crate, where `gpu-mps status --json` readers (the e2e tests) find it too.
+pub use gpu_mps_api::status_view;

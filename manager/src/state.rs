@@ -40,6 +40,11 @@ pub struct DaemonRecord {
     pub applied: Option<Limits>,
     /// Set while no lease uses the daemon; it is stopped once idle_grace_seconds have passed.
     pub idle_since_unix: Option<i64>,
+    /// Fatal GPU faults its server reported in server.log (crate::fault_watch).
+    #[serde(default)]
+    pub faults: u32,
+    #[serde(default)]
+    pub last_fault_unix: Option<i64>,
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]

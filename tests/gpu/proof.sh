@@ -185,12 +185,15 @@ fault_case() { # fault_case <label> <action on client 1: kill|fault|delete>
     local others
     others=$(for i in 2 3 4; do printf '%s:%s/%s ' "$i" "$(field "$label-$i" "d['ok']")" "$(field "$label-$i" "d['error']")"; done)
     row "P4.$label" INFO "client 1 $action; clients 2-4 (ok/error); new client runs after (s); leases after" \
-        "c1=$(field "$label-1" "d.get('error','-')") others=[$others] recovery=${rec}s leases=$(jget "$(status_json)" "len(d['leases'])")"
+        "c1=$(field "$label-1" "d.get('error','-')") others=[$others] recovery=${rec}s leases=$(jget "$(status_json)" "len(d['leases'])") faults reported by the manager=$(jget "$(status_json)" "sum(x['faults'] for x in d['daemons'])")"
     echo get_server_list | CUDA_MPS_PIPE_DIRECTORY=/run/gpu-mps-test/daemons/$UUID/pipe nvidia-cuda-mps-control >"$D/$label-servers.txt" 2>&1
 }
 fault_case kill kill
 fault_case delete delete
 fault_case fault fault
+FAULTS=$(jget "$(status_json)" "sum(x['faults'] for x in d['daemons'])")
+check P4.reported "the manager noticed the fatal fault (gpu-mps status)" "faults=$FAULTS" '[ "${FAULTS:-0}" -ge 1 ]'
+grep -h "fatal GPU fault" "$D/manager-faults.log" | tail -n 2
 grep -iE 'fault|error|exit' /run/gpu-mps-test/daemons/*/log/server.log | tail -n 30 >"$D/faults-server-log.txt"
 
 log "P5: limits under stress (memory per process, chunk sizes, cudaMallocAsync pools)"

@@ -606,3 +606,29 @@ async fn modes_switched_before_a_failure_are_saved_for_restoring() {
         Some("Default")
     );
 }
+
+#[tokio::test]
+async fn a_fatal_fault_in_server_log_is_counted_and_reported() {
+    let e = env(LimitPolicy::Uniform, Tenancy::Shared);
+    let m = core(&e).await;
+    m.acquire(request("c1", "GPU-0", 4, 25, "ns")).await.unwrap();
+    let log = e.config.log_dir(&DaemonKey::new(["GPU-0"])).join("server.log");
+    std::fs::write(
+        &log,
+        "[2026-12-03 09:37:50.889 Server 15871] Client {PID: 1, Context ID: 0} connected\n",
+    )
+    .unwrap();
+    m.reconcile(now_unix()).await;
+    assert_eq!(m.status().await.daemons[0].faults, 0);
+    // Measured on the H200: what MPS writes when one client's fault tears down all of them.
+    let fault = "[2026-12-03 09:37:50.889 Server 15871] All clients belonging to error trigging process 16886 will be torn down\n";
+    let mut text = std::fs::read_to_string(&log).unwrap();
+    text.push_str(fault);
+    std::fs::write(&log, text).unwrap();
+    m.reconcile(now_unix()).await;
+    let d = &m.status().await.daemons[0];
+    assert_eq!(d.faults, 1);
+    assert!(d.last_fault_unix > 0);
+    m.reconcile(now_unix()).await;
+    assert_eq!(m.status().await.daemons[0].faults, 1, "a fault is counted once");
+}

@@ -15,7 +15,8 @@ pub const BIN_DIR_ENV: &str = "GPU_MPS_E2E_BIN_DIR";
 /// The target the static checker is built for: a static glibc binary runs in any image.
 pub const CHECKER_TARGET: &str = "x86_64-unknown-linux-gnu";
 const BUILD_WORKSPACE: &str = "cargo build --workspace";
-const BUILD_CHECKER: &str = "RUSTFLAGS='-C target-feature=+crt-static' cargo build -p gpu-mps-checker --target x86_64-unknown-linux-gnu";
+/// The command that builds the static checker.
+pub const BUILD_CHECKER: &str = "RUSTFLAGS='-C target-feature=+crt-static' cargo build -p gpu-mps-checker --target x86_64-unknown-linux-gnu";
 
 /// Paths of the gpu-mps binaries and the test doubles.
 #[derive(Debug, Clone)]

@@ -5,6 +5,7 @@
 //! manager of its own, and prints the exact versions it ran against.
 
 pub mod binaries;
+pub mod cdi;
 pub mod checker;
 pub mod containerd;
 pub mod cri;
@@ -21,10 +22,10 @@ use std::future::Future;
 use std::time::{Duration, Instant};
 
 pub use binaries::Binaries;
-pub use containerd::{Containerd, ContainerdOptions};
+pub use containerd::{CdiOptions, Containerd, ContainerdOptions};
 pub use cri::{ContainerSpec, CriClient, PodSpec};
 pub use ctr::{Ctr, CtrRun};
-pub use manager::{LimitsConfig, Manager};
+pub use manager::{LimitsConfig, Manager, StatusLookup};
 pub use node::GpuNode;
 pub use suites::Suite;
 

@@ -8,7 +8,6 @@ use std::time::{Duration, Instant};
 use anyhow::{Context, Result, bail};
 use gpu_mps_api::inventory::{GpuInfo, Inventory};
 use gpu_mps_api::node_config::{CONFIG_ENV, LimitPolicy, NodeConfig, Tenancy};
-use serde::{Deserialize, Deserializer};
 
 use crate::binaries::Binaries;
 use crate::diagnostics::{self, LogTail, TAIL_LINES};
@@ -240,7 +239,7 @@ impl Manager {
     }
 
     /// `gpu-mps --config <cfg> status --json`, parsed.
-    pub async fn status(&self) -> Result<Status> {
+    pub async fn status(&self) -> Result<StatusView> {
         let out = tokio::process::Command::new(&self.cli)
             .arg("--config")
             .arg(&self.config_path)
@@ -267,8 +266,8 @@ impl Manager {
         &self,
         what: &str,
         timeout: Duration,
-        done: impl Fn(&Status) -> bool,
-    ) -> Result<Status> {
+        done: impl Fn(&StatusView) -> bool,
+    ) -> Result<StatusView> {
         let deadline = Instant::now() + timeout;
         loop {
             let status = self.status().await?;
@@ -315,104 +314,27 @@ impl Drop for Manager {
     }
 }
 
-/// `gpu-mps status --json`: the manager's StatusResponse (api/proto/manager.proto) with the
-/// proto field names. Missing fields read as their defaults, as in proto3.
-#[derive(Debug, Clone, Default, Deserialize)]
-#[serde(default)]
-pub struct Status {
-    pub policy: String,
-    pub tenancy: String,
-    pub gpus: Vec<GpuStatus>,
-    pub daemons: Vec<DaemonStatus>,
-    pub leases: Vec<LeaseStatus>,
-    #[serde(alias = "managerVersion")]
-    pub manager_version: String,
-}
+/// `gpu-mps status --json`, read with the type the CLI writes it with.
+pub use gpu_mps_api::status_view::{DaemonView, GpuView, LeaseView, StatusView};
 
-#[derive(Debug, Clone, Default, Deserialize)]
-#[serde(default)]
-pub struct GpuStatus {
-    pub index: u32,
-    pub uuid: String,
-    pub name: String,
-    #[serde(alias = "memoryBytes", deserialize_with = "number")]
-    pub memory_bytes: u64,
-    pub leases: u32,
-    #[serde(alias = "memoryReservedBytes", deserialize_with = "number")]
-    pub memory_reserved_bytes: u64,
-    #[serde(alias = "memoryCapacityBytes", deserialize_with = "number")]
-    pub memory_capacity_bytes: u64,
-    #[serde(alias = "maxClients")]
-    pub max_clients: u32,
-    #[serde(alias = "computeMode")]
-    pub compute_mode: String,
-}
-
-#[derive(Debug, Clone, Default, Deserialize)]
-#[serde(default)]
-pub struct DaemonStatus {
-    pub key: String,
-    #[serde(alias = "gpuUuids")]
-    pub gpu_uuids: Vec<String>,
-    #[serde(alias = "pipeDir")]
-    pub pipe_dir: String,
-    #[serde(alias = "controlPid")]
-    pub control_pid: u32,
-    #[serde(alias = "serverPids")]
-    pub server_pids: Vec<u32>,
-    #[serde(alias = "memoryLimitBytes", deserialize_with = "number")]
-    pub memory_limit_bytes: u64,
-    #[serde(alias = "activeThreadPercentage")]
-    pub active_thread_percentage: u32,
-    pub leases: u32,
-    pub state: String,
-}
-
-#[derive(Debug, Clone, Default, Deserialize)]
-#[serde(default)]
-pub struct LeaseStatus {
-    #[serde(alias = "containerId")]
-    pub container_id: String,
-    pub daemon: String,
-    #[serde(alias = "gpuUuids")]
-    pub gpu_uuids: Vec<String>,
-    #[serde(alias = "memoryLimitBytes", deserialize_with = "number")]
-    pub memory_limit_bytes: u64,
-    #[serde(alias = "activeThreadPercentage")]
-    pub active_thread_percentage: u32,
-    pub namespace: String,
-    pub pod: String,
-    #[serde(alias = "containerName")]
-    pub container_name: String,
-    pub pid: u32,
-}
-
-impl Status {
+/// Lookups the tests make in a status.
+pub trait StatusLookup {
     /// The daemons serving `gpu_uuid`.
-    pub fn daemons_of(&self, gpu_uuid: &str) -> Vec<&DaemonStatus> {
+    fn daemons_of(&self, gpu_uuid: &str) -> Vec<&DaemonView>;
+    /// The lease of a container, by CRI container id or ctr container id.
+    fn lease(&self, container_id: &str) -> Option<&LeaseView>;
+}
+
+impl StatusLookup for StatusView {
+    fn daemons_of(&self, gpu_uuid: &str) -> Vec<&DaemonView> {
         self.daemons
             .iter()
             .filter(|d| d.gpu_uuids.iter().any(|u| u == gpu_uuid))
             .collect()
     }
 
-    /// The lease of a container, by CRI container id or ctr container id.
-    pub fn lease(&self, container_id: &str) -> Option<&LeaseStatus> {
+    fn lease(&self, container_id: &str) -> Option<&LeaseView> {
         self.leases.iter().find(|l| l.container_id == container_id)
-    }
-}
-
-/// A uint64 as proto3 JSON may print it: a number or a decimal string.
-fn number<'de, D: Deserializer<'de>>(deserializer: D) -> Result<u64, D::Error> {
-    #[derive(Deserialize)]
-    #[serde(untagged)]
-    enum Number {
-        Plain(u64),
-        Text(String),
-    }
-    match Number::deserialize(deserializer)? {
-        Number::Plain(n) => Ok(n),
-        Number::Text(s) => s.parse().map_err(serde::de::Error::custom),
     }
 }
 
@@ -456,17 +378,22 @@ mod tests {
     }
 
     #[test]
-    fn status_reads_proto_names_and_string_numbers() {
-        let status: Status = serde_json::from_str(
-            r#"{"policy":"uniform","gpus":[{"index":0,"uuid":"GPU-1","memory_bytes":"17179869184"}],
-                "daemons":[{"key":"GPU-1","gpuUuids":["GPU-1"],"control_pid":42,"leases":2,"memory_limit_bytes":4294967296}],
-                "leases":[{"container_id":"c1","daemon":"GPU-1"}]}"#,
-        )
+    fn status_lookups() {
+        let status: StatusView = serde_json::from_value(serde_json::json!({
+            "manager_version": "0.1.0", "policy": "uniform", "tenancy": "shared", "gpus": [],
+            "daemons": [{"key": "GPU-1", "gpu_uuids": ["GPU-1"], "state": "running", "control_pid": 42,
+                "server_pids": [], "memory_limit_bytes": 4294967296u64, "active_thread_percentage": 25,
+                "leases": 1, "pipe_dir": "/r/daemons/GPU-1/pipe", "started_unix": 1, "idle_since_unix": 0,
+                "faults": 0, "last_fault_unix": 0}],
+            "leases": [{"container_id": "c1", "namespace": "default", "pod": "p", "container_name": "c",
+                "daemon": "GPU-1", "gpu_uuids": ["GPU-1"], "memory_limit_bytes": 4294967296u64,
+                "active_thread_percentage": 25, "pid": 7, "acquired_unix": 1}],
+        }))
         .unwrap();
-        assert_eq!(status.gpus[0].memory_bytes, 16 << 30);
         assert_eq!(status.daemons_of("GPU-1")[0].control_pid, 42);
-        assert_eq!(status.daemons[0].memory_limit_bytes, 4 << 30);
-        assert!(status.lease("c1").is_some());
+        assert!(status.daemons_of("GPU-2").is_empty());
+        assert_eq!(status.lease("c1").map(|l| l.pid), Some(7));
+        assert!(status.lease("c2").is_none());
     }
 
     #[test]

@@ -7,7 +7,7 @@ use anyhow::Result;
 use gpu_mps_api::inventory::GpuInfo;
 
 use crate::binaries::Binaries;
-use crate::containerd::{Containerd, ContainerdOptions};
+use crate::containerd::{CdiOptions, Containerd, ContainerdOptions};
 use crate::cri::CriClient;
 use crate::manager::{FAKE_GPU_MEMORY, LimitsConfig, Manager, fake_gpus};
 use crate::suites::Suite;
@@ -28,11 +28,22 @@ impl GpuNode {
     }
 
     pub async fn start_with_gpus(suite: &Suite, limits: LimitsConfig, gpus: Vec<GpuInfo>) -> Result<GpuNode> {
+        GpuNode::start_with(suite, limits, gpus, CdiOptions::default()).await
+    }
+
+    /// `gpus` under `limits`, and containerd's CDI as `cdi` says.
+    pub async fn start_with(
+        suite: &Suite,
+        limits: LimitsConfig,
+        gpus: Vec<GpuInfo>,
+        cdi: CdiOptions,
+    ) -> Result<GpuNode> {
         let bins = Binaries::locate()?;
         let manager = Manager::start(&bins, &suite.runc, &limits, gpus).await?;
         let options = ContainerdOptions {
             gpu_mps_config: Some(manager.config_path().to_path_buf()),
             gpu_mps_shim: Some(bins.shim.clone()),
+            cdi,
         };
         let containerd = Containerd::start(suite, options).await?;
         Ok(GpuNode {

@@ -38,6 +38,7 @@ pub struct Suite {
     pub runc_version: String,
     /// containerd's major version, which picks the config schema (2 for 1.x, 3 for 2.x).
     pub containerd_major: u32,
+    pub containerd_minor: u32,
     /// The Debian package versions from the suite's VERSIONS file.
     pub packages: String,
 }
@@ -108,6 +109,16 @@ impl Suite {
     /// containerd's config schema version: 2 for containerd 1.x, 3 for 2.x.
     pub fn config_version(&self) -> u32 {
         if self.containerd_major >= 2 { 3 } else { 2 }
+    }
+
+    /// Whether the CRI plugin can resolve CDI devices (`enable_cdi`): since 1.7.
+    pub fn has_cdi(&self) -> bool {
+        (self.containerd_major, self.containerd_minor) >= (1, 7)
+    }
+
+    /// Whether it does by default: 2.x does, 1.7 only when `enable_cdi = true`.
+    pub fn cdi_by_default(&self) -> bool {
+        self.containerd_major >= 2
     }
 }
 
@@ -181,7 +192,7 @@ fn discover_uncached() -> Result<Vec<Suite>> {
         let containerd_version = first_line_of(&containerd, &["--version"])
             .map_err(anyhow::Error::msg)
             .with_context(|| format!("suite {name}: containerd does not run on this host"))?;
-        let containerd_major = parse_major(&containerd_version)
+        let (containerd_major, containerd_minor) = parse_version(&containerd_version)
             .with_context(|| format!("suite {name}: no version in {containerd_version:?}"))?;
         let (runc, runc_version, runc_origin) = match own_version {
             Ok(version) => (own_runc.clone(), version.clone(), format!("{name}'s own runc")),
@@ -211,6 +222,7 @@ fn discover_uncached() -> Result<Vec<Suite>> {
             containerd_version,
             runc_version,
             containerd_major,
+            containerd_minor,
             packages,
         });
     }
@@ -244,11 +256,14 @@ fn version_token(line: &str, index: usize) -> &str {
     line.split_whitespace().nth(index).unwrap_or(line)
 }
 
-/// The major version in `containerd github.com/containerd/containerd 1.6.20~ds1 ...` or
+/// Major and minor version in `containerd github.com/containerd/containerd 1.6.20~ds1 ...` or
 /// `containerd github.com/containerd/containerd/v2 2.1.9+unknown`.
-fn parse_major(version_line: &str) -> Option<u32> {
+fn parse_version(version_line: &str) -> Option<(u32, u32)> {
     let version = version_line.split_whitespace().nth(2)?;
-    version.trim_start_matches('v').split('.').next()?.parse().ok()
+    let mut numbers = version.trim_start_matches('v').split('.');
+    let major = numbers.next()?.parse().ok()?;
+    let minor = numbers.next()?.parse().ok()?;
+    Some((major, minor))
 }
 
 #[cfg(test)]
@@ -256,16 +271,20 @@ mod tests {
     use super::*;
 
     #[test]
-    fn major_versions() {
+    fn versions() {
         assert_eq!(
-            parse_major("containerd github.com/containerd/containerd 1.6.20~ds1 1.6.20~ds1-1+deb12u3"),
-            Some(1)
+            parse_version("containerd github.com/containerd/containerd 1.6.20~ds1 1.6.20~ds1-1+deb12u3"),
+            Some((1, 6))
         );
         assert_eq!(
-            parse_major("containerd github.com/containerd/containerd/v2 2.1.9+unknown "),
-            Some(2)
+            parse_version("containerd github.com/containerd/containerd/v2 2.1.9+unknown "),
+            Some((2, 1))
         );
-        assert_eq!(parse_major("containerd containerd.io v1.7.24 abc"), Some(1));
-        assert_eq!(parse_major("garbage"), None);
+        assert_eq!(
+            parse_version("containerd containerd.io v1.7.24 abc"),
+            Some((1, 7))
+        );
+        assert_eq!(parse_version("containerd x 2"), None);
+        assert_eq!(parse_version("garbage"), None);
     }
 }

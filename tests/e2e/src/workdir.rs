@@ -5,6 +5,7 @@
 use std::path::{Path, PathBuf};
 
 use anyhow::{Context, Result};
+use gpu_mps_checker::mountinfo;
 use nix::mount::{MntFlags, umount2};
 
 /// Set to keep the test directories (after unmounting) for a post-mortem.
@@ -75,43 +76,11 @@ pub fn unmount_below(dir: &Path) {
     }
 }
 
-/// Mount points of this mount namespace, from /proc/self/mountinfo (field 5, octal-escaped).
+/// Mount points of this mount namespace.
 fn mount_points() -> Vec<PathBuf> {
     let text = std::fs::read_to_string("/proc/self/mountinfo").unwrap_or_default();
-    text.lines()
-        .filter_map(|line| line.split(' ').nth(4))
-        .map(|p| PathBuf::from(unescape_octal(p)))
+    mountinfo::parse(&text)
+        .into_iter()
+        .map(|m| PathBuf::from(m.mount_point))
         .collect()
-}
-
-fn unescape_octal(field: &str) -> String {
-    let bytes = field.as_bytes();
-    let mut out = Vec::with_capacity(bytes.len());
-    let mut i = 0;
-    while i < bytes.len() {
-        let code = bytes
-            .get(i + 1..i + 4)
-            .and_then(|d| std::str::from_utf8(d).ok())
-            .and_then(|d| u8::from_str_radix(d, 8).ok());
-        match (bytes[i], code) {
-            (b'\\', Some(code)) => {
-                out.push(code);
-                i += 4;
-            }
-            (b, _) => {
-                out.push(b);
-                i += 1;
-            }
-        }
-    }
-    String::from_utf8_lossy(&out).into_owned()
-}
-
-#[cfg(test)]
-mod tests {
-    #[test]
-    fn mountinfo_escapes() {
-        assert_eq!(super::unescape_octal(r"/tmp/a\040b\011c"), "/tmp/a b\tc");
-        assert_eq!(super::unescape_octal(r"/plain"), "/plain");
-    }
 }

@@ -1,6 +1,7 @@
 //! gpu-mps through the CRI runtime handler `gpu-mps`, with this harness playing kubelet and the
-//! device plugin (it sets NVIDIA_VISIBLE_DEVICES): sharing, policies, tenancy, capacity, idle
-//! shutdown, and the messages a CRI client sees when gpu-mps refuses a container.
+//! device plugin (it sets NVIDIA_VISIBLE_DEVICES, or a CDI annotation): sharing, policies,
+//! tenancy, capacity, idle shutdown, GPUs handed over through CDI, and the messages a CRI client
+//! sees when gpu-mps refuses a container.
 //!
 //! Needs the workspace built (`cargo build --workspace`) and the static checker; see
 //! gpu_mps_e2e::binaries. Run: `cargo test -p gpu-mps-e2e --test cri_path -- --nocapture`.
@@ -8,13 +9,18 @@
 use std::time::Duration;
 
 use anyhow::{Context, Result, bail, ensure};
+use gpu_mps_api::annotations::DAEMON;
 use gpu_mps_api::node_config::Tenancy;
-use gpu_mps_e2e::checker::{CONTAINER_PIPE_DIR, MpsClient, Report};
+use gpu_mps_e2e::cdi::{self, DEVICE_PLUGIN_ANNOTATION};
+use gpu_mps_e2e::checker::{CONTAINER_PIPE_DIR, CheckerLine, MpsClient, Report};
 use gpu_mps_e2e::containerd::{CRI_NAMESPACE, GPU_MPS_HANDLER};
 use gpu_mps_e2e::cri::{Container, Pod};
 use gpu_mps_e2e::image::{NVIDIA_SMI_PATH, TEST_IMAGE};
-use gpu_mps_e2e::manager::IDLE_GRACE_SECONDS;
-use gpu_mps_e2e::{ContainerSpec, CriClient, GpuNode, LimitsConfig, PodSpec, Suite, per_suite, processes};
+use gpu_mps_e2e::manager::{FAKE_GPU_MEMORY, IDLE_GRACE_SECONDS, fake_gpus};
+use gpu_mps_e2e::{
+    CdiOptions, ContainerSpec, CriClient, GpuNode, LimitsConfig, PodSpec, StatusLookup, Suite, per_suite,
+    processes,
+};
 
 per_suite!(
     two_containers_share_one_daemon,
@@ -22,6 +28,8 @@ per_suite!(
     ceiling_runs_mixed_sizes,
     exclusive_tenancy_refuses_another_namespace,
     bad_requests_fail_with_their_message,
+    cdi_annotation_gets_its_gpus_daemon,
+    cdi_annotation_without_a_cdi_spec,
 );
 
 const GIB: u64 = 1 << 30;
@@ -69,7 +77,7 @@ async fn start_client(
         client.connected,
         "container {} did not reach its MPS daemon: {}",
         spec.name,
-        client.json
+        client
     );
     Ok((container, client))
 }
@@ -138,13 +146,13 @@ async fn two_containers_share_one_daemon(suite: Suite) -> Result<()> {
             client.threads.as_deref() == Some("25.0"),
             "{}: server threads: {}",
             container.id,
-            client.json
+            client
         );
         ensure!(
             client.mem.get("0").map(String::as_str) == Some("4G"),
             "{}: server memory: {}",
             container.id,
-            client.json
+            client
         );
         ensure!(
             mps_environ(&node, container)? == expected_env(4096, 25),
@@ -156,8 +164,8 @@ async fn two_containers_share_one_daemon(suite: Suite) -> Result<()> {
     ensure!(
         client_a.server_pid == client_b.server_pid,
         "two servers: {} / {}",
-        client_a.json,
-        client_b.json
+        client_a,
+        client_b
     );
 
     let status = node.manager.status().await?;
@@ -189,7 +197,7 @@ async fn two_containers_share_one_daemon(suite: Suite) -> Result<()> {
     ensure!(
         seen.mps_pipe_dir.control_is_socket && smi_masked,
         "an exec session does not see the pipe dir or the nvidia-smi mask: {}",
-        seen.json
+        seen
     );
     println!(
         "exec session CUDA_MPS env (CRI builds it from its stored spec): {:?}",
@@ -249,12 +257,12 @@ async fn uniform_refuses_another_class_until_it_left(suite: Suite) -> Result<()>
     ensure!(
         client.threads.as_deref() == Some("50.0"),
         "server threads after the class changed: {}",
-        client.json
+        client
     );
     ensure!(
         client.mem.get("0").map(String::as_str) == Some("8G"),
         "server memory after the class changed: {}",
-        client.json
+        client
     );
     ensure!(
         mps_environ(&node, &second)? == expected_env(8192, 50),
@@ -299,7 +307,7 @@ async fn ceiling_runs_mixed_sizes(suite: Suite) -> Result<()> {
             client.threads.as_deref() == Some("50.0")
                 && client.mem.get("0").map(String::as_str) == Some("8G"),
             "the server does not enforce the ceiling 8Gi/50%: {}",
-            client.json
+            client
         );
     }
     ensure!(
@@ -419,5 +427,202 @@ async fn bad_requests_fail_with_their_message(suite: Suite) -> Result<()> {
     for pod in pods.iter().chain([&bad]) {
         cri.delete_pod(pod).await?;
     }
+    Ok(())
+}
+
+/// A container whose only GPU is a CDI annotation, `cdi.k8s.io/nvidia-device-plugin:
+/// nvidia.com/gpu=<uuid>`, running `checker report` and staying up.
+fn cdi_report_container(name: &str, gpu_uuid: &str) -> ContainerSpec {
+    ContainerSpec::new(name, TEST_IMAGE)
+        .command(&["/checker"])
+        .args(&["report", HOLD])
+        .annotation(DEVICE_PLUGIN_ANNOTATION, &cdi::gpu_device(gpu_uuid))
+}
+
+/// What the container's own process saw: the pod's limits in its env, and its GPU's daemon's
+/// pipe dir, read-only, at /tmp/nvidia-mps with the control socket in it.
+fn sees_its_daemon(
+    node: &GpuNode,
+    report: &Report,
+    gpu_uuid: &str,
+    memory_mib: u64,
+    threads: u8,
+) -> Result<()> {
+    let env = report.mps_env();
+    let expected = [
+        ("CUDA_MPS_ACTIVE_THREAD_PERCENTAGE", threads.to_string()),
+        ("CUDA_MPS_PINNED_DEVICE_MEM_LIMIT", format!("0={memory_mib}M")),
+        ("CUDA_MPS_PIPE_DIRECTORY", CONTAINER_PIPE_DIR.to_string()),
+    ];
+    ensure!(
+        env.len() == expected.len() && expected.iter().all(|(k, v)| env.get(k) == Some(&v.as_str())),
+        "CUDA_MPS env {env:?}, expected {expected:?}"
+    );
+    let pipe = &report.mps_pipe_dir;
+    let mount = pipe.mount.as_ref().context("no mount at /tmp/nvidia-mps")?;
+    ensure!(
+        pipe.is_mount_point && mount.has_option("ro") && pipe.create_file == "EROFS",
+        "/tmp/nvidia-mps is not a read-only mount: {pipe:?}"
+    );
+    ensure!(
+        pipe.control_exists && pipe.control_is_socket,
+        "no control socket in /tmp/nvidia-mps: {pipe:?}"
+    );
+    let host_pipe = node.manager.pipe_dir(gpu_uuid);
+    ensure!(
+        !mount.root.is_empty() && host_pipe.to_string_lossy().ends_with(&mount.root),
+        "/tmp/nvidia-mps is {}, not the pipe dir of GPU {gpu_uuid}'s daemon {}",
+        mount.root,
+        host_pipe.display()
+    );
+    Ok(())
+}
+
+/// The manager holds a lease of the container on that GPU's daemon, with the pod's limits.
+async fn holds_a_lease(
+    node: &GpuNode,
+    container: &Container,
+    gpu_uuid: &str,
+    memory: u64,
+    threads: u32,
+) -> Result<()> {
+    let status = node.manager.status().await?;
+    let lease = status
+        .lease(&container.id)
+        .with_context(|| format!("no lease of container {}: {status:#?}", container.name))?;
+    ensure!(
+        lease.gpu_uuids == [gpu_uuid]
+            && (lease.memory_limit_bytes, lease.active_thread_percentage) == (memory, threads),
+        "lease of {}: {lease:?}",
+        container.name
+    );
+    let daemons = status.daemons_of(gpu_uuid);
+    ensure!(
+        daemons.len() == 1 && daemons[0].leases == 1,
+        "expected one daemon with one lease on {gpu_uuid}: {status:#?}"
+    );
+    Ok(())
+}
+
+/// A GPU handed over only as a CDI annotation, with no NVIDIA_VISIBLE_DEVICES or with it `void`,
+/// gets its GPU's daemon as one named by env does. containerd keeps the annotation in the spec
+/// (the `gpu-mps` handler passes `cdi.k8s.io/*`) and, where it has CDI (1.7, here switched on,
+/// and 2.x), resolves it against the test's own CDI spec, which sets NVIDIA_VISIBLE_DEVICES=void;
+/// 1.6 has no CDI and passes the annotation through unresolved.
+async fn cdi_annotation_gets_its_gpus_daemon(suite: Suite) -> Result<()> {
+    let gpus = fake_gpus(2, FAKE_GPU_MEMORY);
+    let uuids: Vec<String> = gpus.iter().map(|g| g.uuid.clone()).collect();
+    let cdi = CdiOptions {
+        enabled: Some(true),
+        specs: vec![cdi::gpu_spec(&uuids)],
+    };
+    let node = GpuNode::start_with(&suite, LimitsConfig::uniform(), gpus, cdi).await?;
+    let mut cri = node.cri().await?;
+    let pod = cri
+        .run_pod_sandbox(&gpu_pod("cdi", "default").gpu_limits("2Gi", 30))
+        .await?;
+    let mut running = Vec::new();
+    for (name, uuid, visible) in [
+        ("cdi-only", &uuids[0], None),
+        ("cdi-void", &uuids[1], Some("void")),
+    ] {
+        let spec = match visible {
+            Some(visible) => cdi_report_container(name, uuid).gpu(visible),
+            None => cdi_report_container(name, uuid),
+        };
+        let container = create_and_start(&mut cri, &pod, &spec)
+            .await
+            .with_context(|| format!("starting container {name} (CDI annotation for {uuid})"))?;
+        let report = Report::parse(&cri.first_stdout_line(&container, WAIT).await?)?;
+        println!("{name}: checker report: {report}");
+        sees_its_daemon(&node, &report, uuid, 2048, 30).with_context(|| format!("container {name}"))?;
+        holds_a_lease(&node, &container, uuid, 2 * GIB, 30).await?;
+
+        let spec = node.containerd.bundle_spec(CRI_NAMESPACE, &container.id)?;
+        let annotations = &spec["annotations"];
+        ensure!(
+            annotations[DEVICE_PLUGIN_ANNOTATION].as_str() == Some(&cdi::gpu_device(uuid)),
+            "{name}: the spec lacks the CDI annotation: {annotations}"
+        );
+        ensure!(
+            annotations[DAEMON].as_str() == Some(uuid.as_str()),
+            "{name}: the shim did not serve it from {uuid}'s daemon: {annotations}"
+        );
+        // CDI edits are the only source of `void` in "cdi-only".
+        let resolved = suite.has_cdi();
+        let expected = if resolved { Some("void") } else { visible };
+        ensure!(
+            report.env("NVIDIA_VISIBLE_DEVICES") == expected,
+            "{name}: NVIDIA_VISIBLE_DEVICES {:?}, expected {expected:?} (CDI {})",
+            report.env("NVIDIA_VISIBLE_DEVICES"),
+            if resolved { "resolved" } else { "not resolved" }
+        );
+        println!(
+            "{name}: {}: annotation kept in the spec, CDI device {}",
+            suite.containerd_version,
+            if resolved {
+                "resolved against the test's CDI spec"
+            } else {
+                "not resolved (no CDI in this containerd)"
+            }
+        );
+        running.push(container);
+    }
+    for container in &running {
+        cri.delete_container(container).await?;
+    }
+    node.manager
+        .wait_status("CDI containers' leases released", WAIT, |s| s.leases.is_empty())
+        .await?;
+    cri.delete_pod(&pod).await?;
+    Ok(())
+}
+
+/// With no CDI spec naming the GPU (the spec dir is empty) and CDI as containerd ships it:
+/// 2.x resolves CDI annotations by default and fails CreateContainer on a device it cannot
+/// resolve; 1.6 (no CDI) and 1.7 (CDI off by default) pass the annotation through, and the shim
+/// gives the container its GPU's daemon.
+async fn cdi_annotation_without_a_cdi_spec(suite: Suite) -> Result<()> {
+    let node = GpuNode::start(&suite, LimitsConfig::uniform()).await?;
+    let mut cri = node.cri().await?;
+    let uuid = node.gpu_uuid(0).to_string();
+    let pod = cri
+        .run_pod_sandbox(&gpu_pod("cdi-nospec", "default").gpu_limits("2Gi", 30))
+        .await?;
+    let result = create_and_start(&mut cri, &pod, &cdi_report_container("cdi-only", &uuid)).await;
+    if suite.cdi_by_default() {
+        let device = cdi::gpu_device(&uuid);
+        let message = expect_refusal(result, &["unresolvable CDI devices", &device])?;
+        println!(
+            "{}: CDI on by default, CreateContainer failed: {message}",
+            suite.containerd_version
+        );
+        let status = node.manager.status().await?;
+        ensure!(
+            status.leases.is_empty(),
+            "a lease without a container: {status:#?}"
+        );
+    } else {
+        let container = result.context("starting a container with an unresolved CDI annotation")?;
+        let report = Report::parse(&cri.first_stdout_line(&container, WAIT).await?)?;
+        println!("cdi-only: checker report: {report}");
+        sees_its_daemon(&node, &report, &uuid, 2048, 30)?;
+        holds_a_lease(&node, &container, &uuid, 2 * GIB, 30).await?;
+        ensure!(
+            report.env("NVIDIA_VISIBLE_DEVICES").is_none(),
+            "CDI resolved without a spec: {report}"
+        );
+        println!(
+            "{}: {}, the annotation passed through unresolved",
+            suite.containerd_version,
+            if suite.has_cdi() {
+                "CDI off by default"
+            } else {
+                "no CDI"
+            }
+        );
+        cri.delete_container(&container).await?;
+    }
+    cri.delete_pod(&pod).await?;
     Ok(())
 }

@@ -9,7 +9,7 @@ use std::path::Path;
 use std::time::Duration;
 
 use anyhow::{Context, Result, ensure};
-use gpu_mps_e2e::checker::{CONTAINER_PIPE_DIR, MpsClient, Report, host_namespace};
+use gpu_mps_e2e::checker::{CONTAINER_PIPE_DIR, CheckerLine, MpsClient, Report, comparable, host_namespace};
 use gpu_mps_e2e::ctr::{CTR_NAMESPACE, CtrOutput};
 use gpu_mps_e2e::image::{CHECKER_PATH, NVIDIA_SMI_PATH};
 use gpu_mps_e2e::{CtrRun, GpuNode, LimitsConfig, Suite, per_suite, processes};
@@ -53,7 +53,7 @@ async fn gpu_container_sees_its_daemon(suite: Suite) -> Result<()> {
     let uuid = node.gpu_uuid(0).to_string();
     let run = gpu_run(&node, &rootfs, &uuid, &["report"]);
     let report = report_of(&node, &run).await?;
-    println!("GPU container report: {}", report.json);
+    println!("GPU container report: {}", report);
 
     let env = report.mps_env();
     ensure!(
@@ -135,7 +135,7 @@ async fn gpu_container_sees_its_daemon(suite: Suite) -> Result<()> {
     ensure!(
         plain.mps_env().is_empty() && !plain.nvidia_smi[NVIDIA_SMI_PATH].masked,
         "plain runc changed: {}",
-        plain.json
+        plain
     );
 
     // A client reaches the fake daemon, whose server holds the pod's limits.
@@ -146,16 +146,16 @@ async fn gpu_container_sees_its_daemon(suite: Suite) -> Result<()> {
         .await?;
     succeeded("checker mps-client", &out)?;
     let client = MpsClient::parse(out.last_line())?;
-    ensure!(client.connected, "mps-client did not connect: {}", client.json);
+    ensure!(client.connected, "mps-client did not connect: {}", client);
     ensure!(
         client.threads.as_deref() == Some("25.0"),
         "server threads: {}",
-        client.json
+        client
     );
     ensure!(
         client.mem.get("0").map(String::as_str) == Some("4G"),
         "server memory: {}",
-        client.json
+        client
     );
 
     // GPU 1, named by index: its own daemon's pipe dir.
@@ -269,12 +269,12 @@ async fn container_cannot_override_the_shim(suite: Suite) -> Result<()> {
     ensure!(
         client.connected && client.pipe_dir_used == CONTAINER_PIPE_DIR,
         "mps-client: {}",
-        client.json
+        client
     );
     ensure!(
         client.threads.as_deref() == Some("25.0"),
         "server threads: {}",
-        client.json
+        client
     );
     Ok(())
 }
@@ -308,10 +308,10 @@ async fn non_gpu_container_is_untouched(suite: Suite) -> Result<()> {
             report.mps_pipe_dir
         );
         ensure!(
-            report.comparable() == plain.comparable(),
+            comparable(&report)? == comparable(&plain)?,
             "{what}: the shim changed the container:\n shim:  {}\n plain: {}",
-            report.comparable(),
-            plain.comparable()
+            comparable(&report)?,
+            comparable(&plain)?
         );
     }
     let status = node.manager.status().await?;

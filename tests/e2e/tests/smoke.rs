@@ -9,7 +9,7 @@ use std::path::Path;
 use std::time::Duration;
 
 use anyhow::{Context, Result, ensure};
-use gpu_mps_e2e::checker::{Report, host_namespace};
+use gpu_mps_e2e::checker::{CheckerLine, Report, host_namespace};
 use gpu_mps_e2e::containerd::RUNC_HANDLER;
 use gpu_mps_e2e::image::{NVIDIA_SMI_CONTENT, NVIDIA_SMI_PATH};
 use gpu_mps_e2e::{
@@ -21,7 +21,7 @@ per_suite!(ctr_run_report, cri_run_report, drop_cleans_up);
 /// What any container of the test image sees through plain runc: the image's files, no MPS,
 /// its own /dev/shm and IPC namespace.
 fn plain_runc_baseline(path: &str, report: &Report) -> Result<()> {
-    println!("{path}: checker report: {}", report.json);
+    println!("{path}: checker report: {}", report);
     ensure!(
         report.mps_env().is_empty(),
         "{path}: CUDA_MPS env without gpu-mps: {:?}",

@@ -1,7 +1,10 @@
 //! gpu-mps-checker: a static binary run INSIDE test containers. Each subcommand prints exactly
-//! one JSON object on one line to stdout (errors go into that object or to stderr).
+//! one JSON object on one line to stdout (errors go into that object or to stderr); the types of
+//! the lines are the library's (lib.rs).
 //!
-//!   report                          what the container sees (see report.rs)
+//!   report [--hold-seconds N]       what the container sees (see report.rs); with N, it then
+//!                                   stays up, so that the container still runs (and holds its
+//!                                   lease) while a test looks at it
 //!   pid                             {"pid": getpid()}
 //!   mps-client [--hold-seconds N]   fake CUDA client of fake-mps-control (see mps_client.rs); exit 1
 //!                                   when not served, 128 + signo when SIGTERM/SIGINT cut the hold short
@@ -9,33 +12,38 @@
 //!   sleep <seconds>                 print, sleep, exit 0 (128 + signo when SIGTERM/SIGINT cut it short)
 //!   exit <code>                     print, exit with <code>
 
-mod mountinfo;
 mod mps_client;
 mod report;
 
+use std::fmt::Display;
 use std::io::Write;
 use std::process::ExitCode;
-
-use nix::errno::Errno;
 use std::time::Duration;
 
+use gpu_mps_checker::{Exiting, Paused, Pid, Sleeping, UsageError};
+use nix::errno::Errno;
 use nix::sys::signal::{SigSet, Signal, kill};
 use nix::sys::wait::{WaitPidFlag, WaitStatus, waitpid};
 use nix::unistd::getpid;
-use serde_json::{Value, json};
 
-const USAGE: &str = "usage: gpu-mps-checker report | pid | mps-client [--hold-seconds N] | pause | sleep <seconds> | exit <code>";
+const USAGE: &str = "usage: gpu-mps-checker report [--hold-seconds N] | pid | mps-client [--hold-seconds N] | pause | sleep <seconds> | exit <code>";
 
 fn main() -> ExitCode {
     let args: Vec<String> = std::env::args().skip(1).collect();
     let words: Vec<&str> = args.iter().map(String::as_str).collect();
     match words.as_slice() {
-        ["report"] => {
-            emit(&report::report());
-            ExitCode::SUCCESS
-        }
+        ["report", rest @ ..] => match hold_seconds(rest) {
+            Ok(seconds) => {
+                let blocked = block_stop_signals();
+                emit(&report::report());
+                exit_after(sleep_or_signal(blocked, seconds))
+            }
+            Err(e) => usage_error(&e),
+        },
         ["pid"] => {
-            emit(&json!({"pid": getpid().as_raw()}));
+            emit(&Pid {
+                pid: getpid().as_raw(),
+            });
             ExitCode::SUCCESS
         }
         ["mps-client", rest @ ..] => match hold_seconds(rest) {
@@ -46,14 +54,20 @@ fn main() -> ExitCode {
         ["sleep", seconds] => match seconds.parse::<f64>() {
             Ok(s) if s.is_finite() && s >= 0.0 => {
                 let blocked = block_stop_signals();
-                emit(&json!({"sleep_seconds": s, "pid": getpid().as_raw()}));
+                emit(&Sleeping {
+                    sleep_seconds: s,
+                    pid: getpid().as_raw(),
+                });
                 exit_after(sleep_or_signal(blocked, s))
             }
             _ => usage_error(&format!("bad seconds {seconds:?}")),
         },
         ["exit", code] => match code.parse::<i32>() {
             Ok(code) => {
-                emit(&json!({"exit_code": code, "pid": getpid().as_raw()}));
+                emit(&Exiting {
+                    exit_code: code,
+                    pid: getpid().as_raw(),
+                });
                 std::process::exit(code)
             }
             Err(_) => usage_error(&format!("bad exit code {code:?}")),
@@ -62,15 +76,18 @@ fn main() -> ExitCode {
     }
 }
 
-/// Prints the one JSON line. A closed stdout is not worth a panic.
-fn emit(value: &Value) {
+/// Prints the one JSON line (the library's types display as their JSON). A closed stdout is
+/// not worth a panic.
+fn emit(line: &impl Display) {
     let mut out = std::io::stdout().lock();
-    let _ = writeln!(out, "{value}");
+    let _ = writeln!(out, "{line}");
     let _ = out.flush();
 }
 
 fn usage_error(msg: &str) -> ExitCode {
-    emit(&json!({"error": format!("{msg}; {USAGE}")}));
+    emit(&UsageError {
+        error: format!("{msg}; {USAGE}"),
+    });
     ExitCode::from(2)
 }
 
@@ -80,12 +97,13 @@ pub fn errno_name(e: &std::io::Error) -> String {
         .map_or_else(|| e.to_string(), |n| format!("{:?}", Errno::from_raw(n)))
 }
 
+/// `--hold-seconds N` or `--hold-seconds=N`; 0 when not given.
 fn hold_seconds(args: &[&str]) -> Result<f64, String> {
     let value = match args {
         [] => return Ok(0.0),
         ["--hold-seconds", v] => *v,
         [flag] if flag.starts_with("--hold-seconds=") => &flag["--hold-seconds=".len()..],
-        _ => return Err(format!("bad mps-client arguments {args:?}")),
+        _ => return Err(format!("bad arguments {args:?}")),
     };
     value
         .parse::<f64>()
@@ -121,6 +139,9 @@ fn block_stop_signals() -> Option<SigSet> {
 
 /// Sleeps `seconds`, or less when SIGTERM or SIGINT comes first (returned).
 fn sleep_or_signal(blocked: Option<SigSet>, seconds: f64) -> Option<Signal> {
+    if seconds == 0.0 {
+        return None;
+    }
     let Some(signals) = blocked else {
         std::thread::sleep(Duration::from_secs_f64(seconds));
         return None;
@@ -161,7 +182,10 @@ fn pause() -> ExitCode {
         eprintln!("gpu-mps-checker pause: cannot block signals: {e}");
         return ExitCode::FAILURE;
     }
-    emit(&json!({"paused": true, "pid": getpid().as_raw()}));
+    emit(&Paused {
+        paused: true,
+        pid: getpid().as_raw(),
+    });
     loop {
         match signals.wait() {
             Ok(Signal::SIGCHLD) => reap_children(),

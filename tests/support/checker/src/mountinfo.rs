@@ -1,12 +1,16 @@
-//! /proc/self/mountinfo lines (proc(5)): which mount a path is on, with which options.
+//! /proc/self/mountinfo lines (proc(5)): which mount a path is on, with which options. The
+//! checker reads its container's; the e2e harness reads the host's, to unmount what a test left.
 
-use serde_json::{Value, json};
+use serde::{Deserialize, Serialize};
 
-#[derive(Debug, Clone, PartialEq, Eq)]
+/// One mountinfo line.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
 pub struct Mount {
     pub mount_id: u64,
     pub parent_id: u64,
     pub major_minor: String,
+    /// The path inside the mounted filesystem: for a bind mount, its source.
     pub root: String,
     pub mount_point: String,
     /// Per-mount options (`ro,nosuid,nodev,noexec,relatime`).
@@ -18,18 +22,8 @@ pub struct Mount {
 }
 
 impl Mount {
-    pub fn to_json(&self) -> Value {
-        json!({
-            "mount_id": self.mount_id,
-            "parent_id": self.parent_id,
-            "major_minor": self.major_minor,
-            "root": self.root,
-            "mount_point": self.mount_point,
-            "options": self.options,
-            "fstype": self.fstype,
-            "source": self.source,
-            "super_options": self.super_options,
-        })
+    pub fn has_option(&self, option: &str) -> bool {
+        self.options.split(',').any(|o| o == option)
     }
 }
 
@@ -76,7 +70,7 @@ pub fn containing<'a>(mounts: &'a [Mount], path: &str) -> Option<&'a Mount> {
 }
 
 /// Undoes the kernel's octal escapes (`\040` for a space, `\011`, `\012`, `\134`).
-fn unescape(field: &str) -> String {
+pub fn unescape(field: &str) -> String {
     let bytes = field.as_bytes();
     let mut out = Vec::with_capacity(bytes.len());
     let mut i = 0;
@@ -130,6 +124,14 @@ mod tests {
         assert_eq!(mounts[5].mount_point, "/with space");
         assert_eq!(mounts[5].source, "my src");
         assert_eq!(parse_line("garbage"), None);
+        assert!(pipe.has_option("ro") && !pipe.has_option("r"));
+    }
+
+    #[test]
+    fn unescapes_only_octal_triples() {
+        assert_eq!(unescape(r"/tmp/a\040b\011c"), "/tmp/a b\tc");
+        assert_eq!(unescape(r"/plain"), "/plain");
+        assert_eq!(unescape(r"/a\9b\04"), r"/a\9b\04");
     }
 
     #[test]

@@ -3,20 +3,19 @@
 //! container the pid is 1: the daemon uses SO_PEERCRED instead), reads the
 //! `SERVER <srv-pid> THREADS <p> MEM <dev>=<value>[,...]` line, and holds the connection.
 
+use std::collections::BTreeMap;
 use std::io::{Read, Write};
 use std::os::fd::AsRawFd;
 use std::os::unix::net::UnixStream;
 use std::path::PathBuf;
 
+use gpu_mps_checker::{MpsClient, PIPE_DIR};
 use nix::sys::socket::{self, AddressFamily, SockFlag, SockType, UnixAddr, setsockopt, sockopt};
 use nix::sys::time::{TimeVal, TimeValLike};
 use nix::unistd::{getpid, getuid};
-use serde_json::{Map, Value, json};
 
 use crate::errno_name;
 
-/// Where CUDA looks when CUDA_MPS_PIPE_DIRECTORY is unset.
-pub const DEFAULT_PIPE_DIR: &str = "/tmp/nvidia-mps";
 const ANSWER_TIMEOUT_SECONDS: i64 = 30;
 
 /// What the daemon told the client.
@@ -24,7 +23,7 @@ const ANSWER_TIMEOUT_SECONDS: i64 = 30;
 pub struct ServerLine {
     pub server_pid: u32,
     pub threads: String,
-    pub mem: Map<String, Value>,
+    pub mem: BTreeMap<String, String>,
 }
 
 /// `SERVER 607 THREADS 25.0 MEM 0=4G,1=3000M`
@@ -33,7 +32,7 @@ pub fn parse_server_line(line: &str) -> Result<ServerLine, String> {
     let malformed = || format!("malformed answer {line:?}");
     match words.as_slice() {
         ["SERVER", pid, "THREADS", threads, "MEM", mem @ ..] if mem.len() <= 1 => {
-            let mut map = Map::new();
+            let mut map = BTreeMap::new();
             for entry in mem
                 .first()
                 .map(|m| m.split(','))
@@ -42,7 +41,7 @@ pub fn parse_server_line(line: &str) -> Result<ServerLine, String> {
                 .filter(|e| !e.is_empty())
             {
                 let (dev, value) = entry.split_once('=').ok_or_else(malformed)?;
-                map.insert(dev.to_string(), Value::String(value.to_string()));
+                map.insert(dev.to_string(), value.to_string());
             }
             Ok(ServerLine {
                 server_pid: pid.parse().map_err(|_| malformed())?,
@@ -55,26 +54,27 @@ pub fn parse_server_line(line: &str) -> Result<ServerLine, String> {
     }
 }
 
-/// Returns the JSON to print, whether it succeeded, and the open connection to hold.
-pub fn connect() -> (Value, bool, Option<UnixStream>) {
+/// Returns the line to print, whether it succeeded, and the open connection to hold.
+pub fn connect() -> (MpsClient, bool, Option<UnixStream>) {
     let pipe_dir = match std::env::var_os("CUDA_MPS_PIPE_DIRECTORY") {
         Some(dir) if !dir.is_empty() => PathBuf::from(dir),
-        _ => PathBuf::from(DEFAULT_PIPE_DIR),
+        // Where CUDA looks when CUDA_MPS_PIPE_DIRECTORY is unset.
+        _ => PathBuf::from(PIPE_DIR),
     };
     let (pid, uid) = (getpid().as_raw(), getuid().as_raw());
     let result =
         |connected: bool, server: Option<&ServerLine>, answer: Option<&str>, error: Option<String>| {
-            json!({
-                "connected": connected,
-                "server_pid": server.map(|s| s.server_pid),
-                "threads": server.map(|s| s.threads.clone()),
-                "mem": server.map(|s| s.mem.clone()),
-                "pipe_dir_used": pipe_dir.to_string_lossy(),
-                "sent_pid": pid,
-                "sent_uid": uid,
-                "answer": answer,
-                "error": error,
-            })
+            MpsClient {
+                connected,
+                server_pid: server.map(|s| s.server_pid),
+                threads: server.map(|s| s.threads.clone()),
+                mem: server.map(|s| s.mem.clone()).unwrap_or_default(),
+                pipe_dir_used: pipe_dir.to_string_lossy().into_owned(),
+                sent_pid: pid,
+                sent_uid: uid,
+                answer: answer.map(str::to_string),
+                error,
+            }
         };
     let control = pipe_dir.join("control");
     let stream = match open(&control) {
@@ -155,7 +155,10 @@ mod tests {
         let s = parse_server_line("SERVER 607 THREADS 25.0 MEM 0=4G,1=3000M").expect("ok");
         assert_eq!(s.server_pid, 607);
         assert_eq!(s.threads, "25.0");
-        assert_eq!(Value::Object(s.mem), json!({"0": "4G", "1": "3000M"}));
+        assert_eq!(
+            s.mem,
+            BTreeMap::from([("0".into(), "4G".into()), ("1".into(), "3000M".into())])
+        );
         let s = parse_server_line("SERVER 1 THREADS 100.0 MEM").expect("ok");
         assert!(s.mem.is_empty());
     }

@@ -6,9 +6,11 @@ use std::os::unix::net::UnixListener;
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
+use gpu_mps_checker::{Exiting, MpsClient, Paused, Report, Sleeping, UsageError};
 use nix::sys::signal::{Signal, kill};
 use nix::sys::socket::{self, AddressFamily, Backlog, SockFlag, SockType, UnixAddr};
 use nix::unistd::Pid;
+use serde::de::DeserializeOwned;
 use serde_json::{Value, json};
 
 const BIN: &str = env!("CARGO_BIN_EXE_gpu-mps-checker");
@@ -26,6 +28,11 @@ fn run(args: &[&str], env: &[(&str, &str)]) -> (i32, Value) {
     (out.status.code().unwrap_or(-1), value)
 }
 
+/// The line read with the library's type: what the e2e tests do.
+fn typed<T: DeserializeOwned>(v: &Value) -> T {
+    serde_json::from_value(v.clone()).unwrap_or_else(|e| panic!("{e}: {v}"))
+}
+
 #[test]
 fn report_describes_the_host() {
     let (code, v) = run(
@@ -36,6 +43,8 @@ fn report_describes_the_host() {
         ],
     );
     assert_eq!(code, 0);
+    let report: Report = typed(&v);
+    assert_eq!(report.env("NVIDIA_VISIBLE_DEVICES"), Some("none"));
     assert_eq!(v["uid"], json!(nix::unistd::getuid().as_raw()));
     assert_eq!(v["gid"], json!(nix::unistd::getgid().as_raw()));
     assert!(v["pid"].as_u64().is_some());
@@ -98,17 +107,17 @@ fn report_describes_the_host() {
 fn exit_returns_the_code() {
     let (code, v) = run(&["exit", "3"], &[]);
     assert_eq!(code, 3);
-    assert_eq!(v["exit_code"], 3);
+    assert_eq!(typed::<Exiting>(&v).exit_code, 3);
 }
 
 #[test]
 fn pid_and_sleep() {
     let (code, v) = run(&["pid"], &[]);
     assert_eq!(code, 0);
-    assert!(v["pid"].as_u64().is_some_and(|p| p > 1));
+    assert!(typed::<gpu_mps_checker::Pid>(&v).pid > 1);
     let (code, v) = run(&["sleep", "0.1"], &[]);
     assert_eq!(code, 0);
-    assert_eq!(v["sleep_seconds"], 0.1);
+    assert_eq!(typed::<Sleeping>(&v).sleep_seconds, 0.1);
 }
 
 #[test]
@@ -118,11 +127,13 @@ fn bad_arguments_are_exit_2_with_json() {
         &["exit", "x"],
         &["sleep"],
         &["mps-client", "--hold-seconds", "-1"],
+        &["report", "--hold-seconds", "x"],
+        &["report", "extra"],
         &[],
     ] {
         let (code, v) = run(args, &[]);
         assert_eq!(code, 2, "{args:?}");
-        assert!(v["error"].as_str().is_some_and(|e| e.contains("usage")), "{v}");
+        assert!(typed::<UsageError>(&v).error.contains("usage"), "{v}");
     }
 }
 
@@ -139,7 +150,7 @@ fn pause_exits_0_on_sigterm_and_sigint_at_once() {
             .read_line(&mut line)
             .expect("read");
         let v: Value = serde_json::from_str(&line).expect("json");
-        assert_eq!(v["paused"], true);
+        assert!(typed::<Paused>(&v).paused);
         // Not on the first signal of another kind.
         kill(Pid::from_raw(child.id() as i32), Signal::SIGCHLD).expect("kill");
         std::thread::sleep(Duration::from_millis(50));
@@ -161,6 +172,7 @@ fn mps_client_without_daemon_is_not_connected() {
     let pipe = dir.path().to_str().expect("utf8");
     let (code, v) = run(&["mps-client"], &[("CUDA_MPS_PIPE_DIRECTORY", pipe)]);
     assert_eq!(code, 1);
+    assert!(typed::<MpsClient>(&v).mem.is_empty());
     assert_eq!(v["connected"], false);
     assert_eq!(v["pipe_dir_used"], pipe);
     assert!(v["error"].as_str().is_some_and(|e| e.contains("ENOENT")), "{v}");
@@ -229,6 +241,7 @@ fn mps_client_speaks_the_protocol_and_holds_the_connection() {
     assert_eq!(v["mem"], json!({"0": "4G", "1": "3000M"}));
     assert_eq!(v["pipe_dir_used"], pipe);
     assert_eq!(v["error"], Value::Null);
+    assert_eq!(typed::<MpsClient>(&v).server_pid, Some(607));
 
     let (hello, held) = daemon.join().expect("daemon thread");
     let uid = nix::unistd::getuid().as_raw();
@@ -237,19 +250,22 @@ fn mps_client_speaks_the_protocol_and_holds_the_connection() {
 }
 
 #[test]
-fn sleep_is_cut_short_by_sigterm() {
-    let mut child = Command::new(BIN)
-        .args(["sleep", "30"])
-        .stdout(Stdio::piped())
-        .spawn()
-        .expect("spawn");
-    let mut line = String::new();
-    BufReader::new(child.stdout.take().expect("stdout"))
-        .read_line(&mut line)
-        .expect("read");
-    let sent = Instant::now();
-    kill(Pid::from_raw(child.id() as i32), Signal::SIGTERM).expect("kill");
-    let status = child.wait().expect("wait");
-    assert_eq!(status.code(), Some(128 + 15));
-    assert!(sent.elapsed() < Duration::from_secs(1));
+fn sleep_and_a_held_report_are_cut_short_by_sigterm() {
+    for args in [&["sleep", "30"][..], &["report", "--hold-seconds", "30"]] {
+        let mut child = Command::new(BIN)
+            .args(args)
+            .stdout(Stdio::piped())
+            .spawn()
+            .expect("spawn");
+        let mut line = String::new();
+        BufReader::new(child.stdout.take().expect("stdout"))
+            .read_line(&mut line)
+            .expect("read");
+        assert!(line.starts_with('{'), "{args:?}: {line:?}");
+        let sent = Instant::now();
+        kill(Pid::from_raw(child.id() as i32), Signal::SIGTERM).expect("kill");
+        let status = child.wait().expect("wait");
+        assert_eq!(status.code(), Some(128 + 15), "{args:?}");
+        assert!(sent.elapsed() < Duration::from_secs(1), "{args:?}");
+    }
 }

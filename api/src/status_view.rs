@@ -1,11 +1,13 @@
 //! What `gpu-mps status|daemons|leases` print: the manager's StatusResponse as JSON (for
-//! scripts and tests) or as tables (for people). Pure.
+//! scripts and tests) or as tables (for people). Pure. The one definition of
+//! `gpu-mps status --json`: the CLI serializes it, scripts and the e2e tests deserialize it.
 
-use gpu_mps_api::proto;
-use gpu_mps_api::quantity::format_bytes;
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 
-#[derive(Debug, Serialize)]
+use crate::proto;
+use crate::quantity::format_bytes;
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct StatusView {
     pub manager_version: String,
     pub policy: String,
@@ -15,7 +17,7 @@ pub struct StatusView {
     pub leases: Vec<LeaseView>,
 }
 
-#[derive(Debug, Serialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct GpuView {
     pub index: u32,
     pub uuid: String,
@@ -28,7 +30,7 @@ pub struct GpuView {
     pub memory_capacity_bytes: u64,
 }
 
-#[derive(Debug, Serialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct DaemonView {
     pub key: String,
     pub gpu_uuids: Vec<String>,
@@ -41,9 +43,12 @@ pub struct DaemonView {
     pub pipe_dir: String,
     pub started_unix: i64,
     pub idle_since_unix: i64,
+    /// Fatal GPU faults its server reported: each tore down every client of the server.
+    pub faults: u32,
+    pub last_fault_unix: i64,
 }
 
-#[derive(Debug, Serialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct LeaseView {
     pub container_id: String,
     pub namespace: String,
@@ -93,6 +98,8 @@ impl From<&proto::StatusResponse> for StatusView {
                     pipe_dir: d.pipe_dir.clone(),
                     started_unix: d.started_unix,
                     idle_since_unix: d.idle_since_unix,
+                    faults: d.faults,
+                    last_fault_unix: d.last_fault_unix,
                 })
                 .collect(),
             leases: s
@@ -177,7 +184,7 @@ impl StatusView {
     pub fn daemons_table(&self) -> String {
         table(
             &[
-                "DAEMON", "STATE", "PID", "SERVERS", "LIMITS", "LEASES", "PIPE DIR",
+                "DAEMON", "STATE", "PID", "SERVERS", "LIMITS", "LEASES", "FAULTS", "PIPE DIR",
             ],
             self.daemons
                 .iter()
@@ -193,6 +200,7 @@ impl StatusView {
                             .join(","),
                         limits(d.memory_limit_bytes, d.active_thread_percentage),
                         d.leases.to_string(),
+                        d.faults.to_string(),
                         d.pipe_dir.clone(),
                     ]
                 })
@@ -258,5 +266,29 @@ mod tests {
         let json = serde_json::to_value(&view).unwrap();
         assert_eq!(json["daemons"][0]["leases"], 2);
         assert_eq!(json["policy"], "uniform");
+    }
+
+    #[test]
+    fn json_reads_back_as_written() {
+        let mut s = proto::StatusResponse::new();
+        s.manager_version = "0.1.0".into();
+        let mut g = proto::Gpu::new();
+        g.uuid = "GPU-0".into();
+        g.memory_bytes = 16 << 30;
+        s.gpus.push(g);
+        let mut l = proto::Lease::new();
+        l.container_id = "c1".into();
+        l.memory_limit_bytes = 4 << 30;
+        s.leases.push(l);
+        let view = StatusView::from(&s);
+        let text = serde_json::to_string(&view).unwrap();
+        assert_eq!(serde_json::from_str::<StatusView>(&text).unwrap(), view);
+        // A key the CLI no longer writes is an error, not a silent default.
+        let mut json = serde_json::to_value(&view).unwrap();
+        json["leases"][0]
+            .as_object_mut()
+            .unwrap()
+            .remove("memory_limit_bytes");
+        assert!(serde_json::from_value::<StatusView>(json).is_err());
     }
 }

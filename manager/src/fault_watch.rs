@@ -1,0 +1,91 @@
+//! Fatal GPU faults on an MPS server, read from its server.log.
+//!
+//! Measured on the H200 (docs/gpu-results.md, faults): one client's illegal memory access makes
+//! the server tear down EVERY client it serves; the server itself stays up and accepts new
+//! clients. MPS says so only in server.log ("All clients belonging to error trigging process
+//! <pid> will be torn down"), so the manager follows that file and reports each fault.
+
+use std::io::{Read, Seek, SeekFrom};
+use std::path::Path;
+
+/// What MPS writes when it tears a server's clients down after a fatal fault.
+const FAULT_MARKER: &str = "All clients belonging to error trigging process ";
+
+/// The pids of the clients that triggered a fatal fault, from new server.log text.
+pub fn fault_pids(log_text: &str) -> Vec<u32> {
+    log_text
+        .lines()
+        .filter_map(|l| l.split_once(FAULT_MARKER))
+        .filter_map(|(_, rest)| rest.split_whitespace().next()?.parse().ok())
+        .collect()
+}
+
+/// Follows one file from an offset: what was appended since the last read.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct LogCursor {
+    pub offset: u64,
+}
+
+impl LogCursor {
+    /// A cursor at the current end of `path`: faults logged before the manager started (or
+    /// restarted) were reported by the manager that saw them.
+    pub fn at_end(path: &Path) -> LogCursor {
+        LogCursor {
+            offset: std::fs::metadata(path).map(|m| m.len()).unwrap_or(0),
+        }
+    }
+
+    /// The text appended since the last read; a file that shrank (a new daemon, a new log) is
+    /// read from its start.
+    pub fn read_new(&mut self, path: &Path) -> String {
+        let Ok(mut file) = std::fs::File::open(path) else {
+            return String::new();
+        };
+        let len = file.metadata().map(|m| m.len()).unwrap_or(0);
+        if len < self.offset {
+            self.offset = 0;
+        }
+        let mut text = String::new();
+        if file.seek(SeekFrom::Start(self.offset)).is_ok() {
+            // Cap one read: a flood of log lines must not stall the reconciler.
+            let _ = file.by_ref().take(1 << 20).read_to_string(&mut text);
+        }
+        self.offset += text.len() as u64;
+        text
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    // Lines as the H200's server.log had them (docs/gpu-runs/2026-12-03-e6ff867).
+    const LOG: &str = "[2026-12-03 09:37:50.889 Server 15871] All clients belonging to error trigging process 16886 will be torn down
+[2026-12-03 09:37:50.889 Server 15871] Client {PID: 16886, Context ID: 1} on the error-trigging process 16886 to be torn down
+[2026-12-03 09:37:50.927 Server 15871] Client {PID: 16873, Context ID: 1} exiting. Number of active client contexts is 3.
+";
+
+    #[test]
+    fn finds_the_faulting_pids() {
+        assert_eq!(fault_pids(LOG), vec![16886]);
+        assert!(fault_pids("[..] Client {PID: 1, Context ID: 0} connected").is_empty());
+    }
+
+    #[test]
+    fn reads_only_what_was_appended() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("server.log");
+        std::fs::write(&path, "old line\n").unwrap();
+        let mut cursor = LogCursor::at_end(&path);
+        assert_eq!(cursor.read_new(&path), "");
+        std::fs::write(&path, format!("old line\n{LOG}")).unwrap();
+        assert_eq!(fault_pids(&cursor.read_new(&path)), vec![16886]);
+        assert_eq!(cursor.read_new(&path), "");
+        std::fs::write(&path, "new daemon\n").unwrap();
+        assert_eq!(
+            cursor.read_new(&path),
+            "new daemon\n",
+            "a shorter file is read from its start"
+        );
+    }
+}
