@@ -43,7 +43,8 @@ pub struct DaemonView {
     pub pipe_dir: String,
     pub started_unix: i64,
     pub idle_since_unix: i64,
-    /// Fatal GPU faults its server reported: each tore down every client of the server.
+    /// Fatal GPU faults its server reported (the lines of one reconcile tick count as one): each
+    /// tore down every client of the server.
     pub faults: u32,
     pub last_fault_unix: i64,
 }

@@ -11,7 +11,8 @@ use std::path::Path;
 /// What MPS writes when it tears a server's clients down after a fatal fault.
 const FAULT_MARKER: &str = "All clients belonging to error trigging process ";
 
-/// The pids of the clients that triggered a fatal fault, from new server.log text.
+/// The pids MPS tears down after a fatal fault, from new server.log text. MPS calls each of them
+/// "error trigging", the faulting client and its neighbours alike.
 pub fn fault_pids(log_text: &str) -> Vec<u32> {
     log_text
         .lines()

@@ -621,7 +621,9 @@ async fn a_fatal_fault_in_server_log_is_counted_and_reported() {
     m.reconcile(now_unix()).await;
     assert_eq!(m.status().await.daemons[0].faults, 0);
     // Measured on the H200: what MPS writes when one client's fault tears down all of them.
-    let fault = "[2026-12-03 09:37:50.889 Server 15871] All clients belonging to error trigging process 16886 will be torn down\n";
+    // One fault among several clients: MPS writes one such line per client it tears down.
+    let fault = "[2026-12-03 09:37:50.889 Server 15871] All clients belonging to error trigging process 16886 will be torn down\n\
+                 [2026-12-03 09:37:50.889 Server 15871] All clients belonging to error trigging process 16873 will be torn down\n";
     let mut text = std::fs::read_to_string(&log).unwrap();
     text.push_str(fault);
     std::fs::write(&log, text).unwrap();
