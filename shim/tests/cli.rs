@@ -146,6 +146,21 @@ impl Fixture {
         cmd.args(args);
         spawn(cmd)
     }
+
+    /// `create` the way containerd's runc shim calls it: with a JSON runc log.
+    fn create_with_json_log(&self) -> Output {
+        let log = self.log().to_str().unwrap().to_string();
+        self.run(&[
+            "--log",
+            &log,
+            "--log-format",
+            "json",
+            "create",
+            "--bundle",
+            &self.bundle_arg(),
+            "id",
+        ])
+    }
 }
 
 fn spawn(mut cmd: Command) -> Output {
@@ -317,17 +332,7 @@ fn other_subcommands_go_to_runc_untouched_with_its_exit_code() {
 fn bad_input_fails_with_one_json_line_in_the_runc_log() {
     let f = Fixture::new("error-memory-unknown-suffix");
     let before = fs::read(f.config_json()).unwrap();
-    let log = f.log().to_str().unwrap().to_string();
-    let out = f.run(&[
-        "--log",
-        &log,
-        "--log-format",
-        "json",
-        "create",
-        "--bundle",
-        &f.bundle_arg(),
-        "id",
-    ]);
+    let out = f.create_with_json_log();
     assert_eq!(out.status.code(), Some(1));
     assert_eq!(f.runc_argv(), None, "runc must not run");
     assert_eq!(fs::read(f.config_json()).unwrap(), before);
@@ -383,17 +388,7 @@ fn without_log_flag_the_error_goes_to_stderr() {
 fn a_missing_inventory_says_the_manager_is_not_running() {
     let f = Fixture::new("env-index");
     fs::remove_file(f.inventory()).unwrap();
-    let log = f.log().to_str().unwrap().to_string();
-    let out = f.run(&[
-        "--log",
-        &log,
-        "--log-format",
-        "json",
-        "create",
-        "--bundle",
-        &f.bundle_arg(),
-        "id",
-    ]);
+    let out = f.create_with_json_log();
     assert_eq!(out.status.code(), Some(1));
     let line: Value = serde_json::from_str(fs::read_to_string(f.log()).unwrap().trim()).unwrap();
     let msg = line["msg"].as_str().unwrap();

@@ -20,15 +20,19 @@ pub const CLIENT_HELLO: &str = "CLIENT";
 pub const ANSWER_PREFIX: char = '=';
 pub const MAX_MESSAGE: usize = 64 * 1024;
 
-/// A listening SOCK_SEQPACKET socket at `path`. std's `UnixListener::accept` works for any
-/// socket type, and the accepted `UnixStream`s read and write whole messages.
-pub fn listen(path: &Path) -> std::io::Result<UnixListener> {
-    let fd = socket::socket(
+fn seqpacket_socket() -> nix::Result<std::os::fd::OwnedFd> {
+    socket::socket(
         AddressFamily::Unix,
         SockType::SeqPacket,
         SockFlag::SOCK_CLOEXEC,
         None,
-    )?;
+    )
+}
+
+/// A listening SOCK_SEQPACKET socket at `path`. std's `UnixListener::accept` works for any
+/// socket type, and the accepted `UnixStream`s read and write whole messages.
+pub fn listen(path: &Path) -> std::io::Result<UnixListener> {
+    let fd = seqpacket_socket()?;
     let addr = UnixAddr::new(path)?;
     socket::bind(fd.as_raw_fd(), &addr)?;
     socket::listen(&fd, Backlog::new(128)?)?;
@@ -37,12 +41,7 @@ pub fn listen(path: &Path) -> std::io::Result<UnixListener> {
 
 /// A SOCK_SEQPACKET connection to `path`.
 pub fn connect(path: &Path) -> std::io::Result<UnixStream> {
-    let fd = socket::socket(
-        AddressFamily::Unix,
-        SockType::SeqPacket,
-        SockFlag::SOCK_CLOEXEC,
-        None,
-    )?;
+    let fd = seqpacket_socket()?;
     let addr = UnixAddr::new(path)?;
     socket::connect(fd.as_raw_fd(), &addr)?;
     Ok(UnixStream::from(fd))
