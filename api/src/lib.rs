@@ -3,6 +3,7 @@
 
 pub mod annotations;
 pub mod client;
+pub mod container_id;
 pub mod daemon_key;
 pub mod files;
 pub mod hook_invocation;
@@ -13,6 +14,7 @@ pub mod node_config;
 pub mod quantity;
 pub mod status_view;
 
+pub use container_id::ContainerId;
 pub use daemon_key::DaemonKey;
 pub use limits::Limits;
 pub use node_config::NodeConfig;

@@ -17,6 +17,10 @@ pub const DEFAULT_CONFIG_PATH: &str = "/etc/gpu-mps/config.toml";
 pub const CONFIG_ENV: &str = "GPU_MPS_CONFIG";
 /// The MPS limit on client contexts per GPU on Volta and newer up to CUDA 13.0.
 pub const MPS_MAX_CLIENTS_PER_GPU: u32 = 48;
+/// Longest root: the longest socket under it, `<root>/daemons/GPU-<36 hex and dashes>/pipe/
+/// control_privileged` (73 bytes after the root), must fit in the 107 bytes of a unix socket
+/// address.
+pub const MAX_ROOT_LEN: usize = 34;
 
 #[derive(Debug, Error)]
 pub enum ConfigError {
@@ -47,6 +51,10 @@ pub enum LimitPolicy {
     Uniform,
     /// The server enforces the node's ceiling; each container's env asks for less.
     Ceiling,
+    /// Every client is held by the server to its own container's limits: the manager serves
+    /// each container's `control` socket (a connect gate) and sets the server's limits to that
+    /// container's before it relays the client's handshake (docs/adr/0005).
+    Exact,
 }
 
 /// Whether pods of different namespaces may share a GPU's server.
@@ -62,6 +70,7 @@ impl fmt::Display for LimitPolicy {
         f.write_str(match self {
             LimitPolicy::Uniform => "uniform",
             LimitPolicy::Ceiling => "ceiling",
+            LimitPolicy::Exact => "exact",
         })
     }
 }
@@ -81,8 +90,9 @@ impl FromStr for LimitPolicy {
         match s {
             "uniform" => Ok(LimitPolicy::Uniform),
             "ceiling" => Ok(LimitPolicy::Ceiling),
+            "exact" => Ok(LimitPolicy::Exact),
             other => Err(format!(
-                "{other:?} is not a policy: expected \"uniform\" or \"ceiling\""
+                "{other:?} is not a policy: expected \"uniform\", \"ceiling\" or \"exact\""
             )),
         }
     }
@@ -100,6 +110,8 @@ struct RawConfig {
     daemon: RawDaemon,
     #[serde(default)]
     hook: RawHook,
+    #[serde(default)]
+    gate: RawGate,
 }
 
 #[derive(Debug, Clone, Default, Deserialize)]
@@ -123,6 +135,13 @@ struct RawDaemon {
     idle_grace_seconds: Option<u64>,
     exclusive_process: Option<bool>,
     start_timeout_seconds: Option<u64>,
+}
+
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawGate {
+    handshake_timeout_seconds: Option<u64>,
+    queue_timeout_seconds: Option<u64>,
 }
 
 #[derive(Debug, Clone, Default, Deserialize)]
@@ -155,6 +174,10 @@ pub struct NodeConfig {
     pub exclusive_process: bool,
     pub start_timeout_seconds: u64,
     pub hook_timeout_seconds: u64,
+    /// Policy `exact`: longest a client's control connection may stay open through its gate.
+    pub gate_handshake_timeout_seconds: u64,
+    /// Policy `exact`: longest a connection waits for the server's admission lock.
+    pub gate_queue_timeout_seconds: u64,
 }
 
 impl Default for NodeConfig {
@@ -176,6 +199,12 @@ impl Default for NodeConfig {
             // Measured: a daemon starts and serves its first client in well under a second.
             start_timeout_seconds: 4,
             hook_timeout_seconds: 10,
+            // A client's connection with the first client of a new server waits for the server
+            // to start (0.3 s measured), the others take milliseconds. The control daemon serves
+            // one connection at a time, so a stalled one holds up every pod on the GPU this long.
+            gate_handshake_timeout_seconds: 5,
+            // 48 clients queued behind each other, each holding the lock for one handshake.
+            gate_queue_timeout_seconds: 30,
         }
     }
 }
@@ -292,6 +321,17 @@ impl NodeConfig {
                 message: "must be an absolute path".into(),
             });
         }
+        if root.as_os_str().len() > MAX_ROOT_LEN {
+            return Err(ConfigError::Invalid {
+                path: p,
+                key: "root",
+                message: format!(
+                    "{} is {} bytes long, more than {MAX_ROOT_LEN}: the MPS and gate sockets under it must fit in a unix socket address (107 bytes)",
+                    root.display(),
+                    root.as_os_str().len()
+                ),
+            });
+        }
         if root.starts_with("/tmp/nvidia-mps") {
             return Err(ConfigError::Invalid {
                 path: p,
@@ -321,6 +361,24 @@ impl NodeConfig {
                 ),
             });
         }
+        let gate_seconds = |key: &'static str, value: Option<u64>, default: u64| match value {
+            Some(v) if !(1..=300).contains(&v) => Err(ConfigError::Invalid {
+                path: p.clone(),
+                key,
+                message: format!("{v} is out of range: expected 1 to 300 seconds"),
+            }),
+            v => Ok(v.unwrap_or(default)),
+        };
+        let gate_handshake_timeout_seconds = gate_seconds(
+            "gate.handshake_timeout_seconds",
+            raw.gate.handshake_timeout_seconds,
+            d.gate_handshake_timeout_seconds,
+        )?;
+        let gate_queue_timeout_seconds = gate_seconds(
+            "gate.queue_timeout_seconds",
+            raw.gate.queue_timeout_seconds,
+            d.gate_queue_timeout_seconds,
+        )?;
         Ok(NodeConfig {
             root,
             hook_path: raw.hook_path.unwrap_or(d.hook_path),
@@ -339,6 +397,8 @@ impl NodeConfig {
             exclusive_process: raw.daemon.exclusive_process.unwrap_or(d.exclusive_process),
             start_timeout_seconds: start_timeout,
             hook_timeout_seconds: hook_timeout,
+            gate_handshake_timeout_seconds,
+            gate_queue_timeout_seconds,
         })
     }
 
@@ -365,6 +425,18 @@ impl NodeConfig {
     pub fn log_dir(&self, key: &crate::DaemonKey) -> PathBuf {
         self.daemon_dir(key).join("log")
     }
+
+    /// Under policy `exact`: the container's own pipe dir, which holds only the `control`
+    /// socket the manager serves for it (its connect gate). The shim creates it, the manager
+    /// fills it at Acquire and removes it at Release.
+    pub fn gate_dir(&self, container_id: &crate::ContainerId) -> PathBuf {
+        self.gates_root().join(container_id.gate_name())
+    }
+
+    /// Where the gate dirs live.
+    pub fn gates_root(&self) -> PathBuf {
+        self.root.join("gates")
+    }
 }
 
 /// The config path: `$GPU_MPS_CONFIG` if set, else /etc/gpu-mps/config.toml.
@@ -385,6 +457,36 @@ mod tests {
     #[test]
     fn empty_file_gives_defaults() {
         assert_eq!(parse("").unwrap(), NodeConfig::default());
+    }
+
+    #[test]
+    fn a_root_too_long_for_socket_addresses_is_refused() {
+        let e = parse(&format!("root = \"/{}\"", "r".repeat(MAX_ROOT_LEN)))
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("unix socket address"), "{e}");
+        assert!(parse(&format!("root = \"/{}\"", "r".repeat(MAX_ROOT_LEN - 1))).is_ok());
+    }
+
+    #[test]
+    fn policy_exact_and_its_gate_timeouts() {
+        let c = parse("[limits]\npolicy = \"exact\"\n[gate]\nhandshake_timeout_seconds = 5\nqueue_timeout_seconds = 60\n").unwrap();
+        assert_eq!(c.policy, LimitPolicy::Exact);
+        assert_eq!(
+            (c.gate_handshake_timeout_seconds, c.gate_queue_timeout_seconds),
+            (5, 60)
+        );
+        let id = crate::ContainerId::parse("abc").unwrap();
+        assert_eq!(c.gate_dir(&id), Path::new("/run/gpu-mps/gates/ba7816bf8f01cfea"));
+        let e = parse("[gate]\nqueue_timeout_seconds = 0\n")
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.contains("gate.queue_timeout_seconds") && e.contains("1 to 300"),
+            "{e}"
+        );
+        let e = parse("[limits]\npolicy = \"exactly\"\n").unwrap_err().to_string();
+        assert!(e.contains("exact"), "{e}");
     }
 
     #[test]

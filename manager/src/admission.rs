@@ -112,13 +112,13 @@ impl Refusal {
 }
 
 /// Decides a lease request against the live leases. Returns the limits the daemon's server
-/// must enforce for it: the container's own under `uniform`, the node ceiling under `ceiling`.
+/// must enforce for it (see [`server_limits`]).
 pub fn admit<'a>(
     gpus: &[GpuInfo],
     leases: impl IntoIterator<Item = &'a LeaseRecord> + Clone,
     request: &LeaseRequest,
     policy: &AdmissionPolicy,
-) -> Result<Limits, Refusal> {
+) -> Result<Option<Limits>, Refusal> {
     let mut targets = Vec::new();
     for uuid in request.key.gpu_uuids() {
         let gpu = gpus
@@ -158,6 +158,8 @@ pub fn admit<'a>(
                 });
             }
         }
+        // Any mix of limits: each client is held to its own by the connect gate.
+        LimitPolicy::Exact => {}
     }
     let server_limits = server_limits(policy, request.limits);
 
@@ -208,11 +210,14 @@ pub fn admit<'a>(
 }
 
 /// What a daemon's servers enforce for leases of `lease_limits`: those limits under `uniform`
-/// (one class per daemon), the node ceiling under `ceiling`.
-pub fn server_limits(policy: &AdmissionPolicy, lease_limits: Limits) -> Limits {
+/// (one class per daemon), the node ceiling under `ceiling`. `None` under `exact`: the
+/// connect gate sets each client's own limits just before it connects, and nothing else may
+/// change them in between (crate::gate).
+pub fn server_limits(policy: &AdmissionPolicy, lease_limits: Limits) -> Option<Limits> {
     match policy.policy {
-        LimitPolicy::Uniform => lease_limits,
-        LimitPolicy::Ceiling => ceiling_of(policy),
+        LimitPolicy::Uniform => Some(lease_limits),
+        LimitPolicy::Ceiling => Some(ceiling_of(policy)),
+        LimitPolicy::Exact => None,
     }
 }
 
@@ -284,7 +289,7 @@ mod tests {
         let p = policy(LimitPolicy::Uniform);
         assert_eq!(
             admit(&gpus, &leases, &request(&["GPU-0"], limits(4, 25), "ns"), &p),
-            Ok(limits(4, 25))
+            Ok(Some(limits(4, 25)))
         );
         let refusal = admit(&gpus, &leases, &request(&["GPU-0"], limits(8, 50), "ns"), &p).unwrap_err();
         assert_eq!(refusal.code(), ttrpc::Code::FAILED_PRECONDITION);
@@ -296,8 +301,24 @@ mod tests {
         // Once the GPU is free, any class may take it.
         assert_eq!(
             admit(&gpus, &[], &request(&["GPU-0"], limits(8, 50), "ns"), &p),
-            Ok(limits(8, 50))
+            Ok(Some(limits(8, 50)))
         );
+    }
+
+    #[test]
+    fn exact_mixes_any_sizes_and_leaves_the_limits_to_the_gate() {
+        let gpus = [gpu(0)];
+        let leases = [lease("a", &["GPU-0"], limits(4, 25), "ns")];
+        let p = policy(LimitPolicy::Exact);
+        for other in [limits(8, 50), limits(2, 100), limits(4, 25)] {
+            assert_eq!(
+                admit(&gpus, &leases, &request(&["GPU-0"], other, "ns"), &p),
+                Ok(None)
+            );
+        }
+        // Capacity still counts each container's own memory: 4 + 13 > 16 GiB.
+        let refusal = admit(&gpus, &leases, &request(&["GPU-0"], limits(13, 10), "ns"), &p).unwrap_err();
+        assert!(matches!(refusal, Refusal::MemoryCapacity { .. }), "{refusal}");
     }
 
     #[test]
@@ -307,7 +328,7 @@ mod tests {
         let p = policy(LimitPolicy::Ceiling);
         assert_eq!(
             admit(&gpus, &leases, &request(&["GPU-0"], limits(8, 50), "ns"), &p),
-            Ok(limits(8, 50))
+            Ok(Some(limits(8, 50)))
         );
         let refusal = admit(&gpus, &leases, &request(&["GPU-0"], limits(8, 75), "ns"), &p).unwrap_err();
         assert!(matches!(refusal, Refusal::AboveCeiling { .. }));

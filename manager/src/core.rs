@@ -8,9 +8,9 @@ use std::time::{SystemTime, UNIX_EPOCH};
 
 use gpu_mps_api::files::{self, Durability, FileMode};
 use gpu_mps_api::inventory::Inventory;
-use gpu_mps_api::node_config::NodeConfig;
+use gpu_mps_api::node_config::{LimitPolicy, NodeConfig};
 use gpu_mps_api::proto;
-use gpu_mps_api::{DaemonKey, Limits};
+use gpu_mps_api::{ContainerId, DaemonKey, Limits};
 use thiserror::Error;
 use tokio::sync::Mutex;
 use tracing::{error, info, warn};
@@ -18,6 +18,8 @@ use tracing::{error, info, warn};
 use crate::admission::{self, AdmissionPolicy, LeaseRequest, Refusal};
 use crate::compute_mode;
 use crate::fault_watch::{self, LogCursor};
+use crate::gate::server_admission::AdmissionTimings;
+use crate::gate::{self, GateError, GateTarget, GateTimings, Gates};
 use crate::gpu_backend::{GpuBackend, GpuBackendError};
 use crate::lease::LeaseRecord;
 use crate::mps_control::{self, ControlError, MpsControl};
@@ -38,6 +40,8 @@ pub enum ManagerError {
     Gpu(#[from] GpuBackendError),
     #[error("{0}")]
     ComputeMode(#[from] compute_mode::EnforceError),
+    #[error("{0}")]
+    Gate(#[from] GateError),
     #[error("{context}: {source}")]
     Io { context: String, source: std::io::Error },
 }
@@ -81,7 +85,27 @@ pub struct ManagerCore {
     policy: AdmissionPolicy,
     control: Arc<dyn MpsControl>,
     backend: Arc<dyn GpuBackend>,
+    /// Policy `exact` only: the containers' connect gates.
+    gates: Gates,
     inner: Mutex<Inner>,
+}
+
+/// How long a server's admission lock waits for a client that probed but was not admitted yet
+/// to come back. Measured between a client's control connections: 0.2 to 44 ms
+/// (docs/gpu-results.md section 5).
+const ADMISSION_ABANDON_GRACE: std::time::Duration = std::time::Duration::from_millis(500);
+/// How long after a class took a server's lock more containers of that class may join it.
+const ADMISSION_JOIN_WINDOW: std::time::Duration = std::time::Duration::from_secs(2);
+
+fn gate_timings(config: &NodeConfig) -> GateTimings {
+    GateTimings {
+        handshake_timeout: std::time::Duration::from_secs(config.gate_handshake_timeout_seconds),
+        admission: AdmissionTimings {
+            queue_timeout: std::time::Duration::from_secs(config.gate_queue_timeout_seconds),
+            join_window: ADMISSION_JOIN_WINDOW,
+            abandon_grace: ADMISSION_ABANDON_GRACE,
+        },
+    }
 }
 
 impl ManagerCore {
@@ -136,6 +160,10 @@ impl ManagerCore {
         }
         state.save(&config.state_path())?;
         let policy = AdmissionPolicy::from(&config);
+        let gates = Gates::new(control.clone(), gate_timings(&config));
+        if config.policy == LimitPolicy::Exact {
+            reopen_gates(&config, &state, &gates);
+        }
         let server_logs = state
             .daemons
             .iter()
@@ -146,6 +174,7 @@ impl ManagerCore {
             policy,
             control,
             backend,
+            gates,
             inner: Mutex::new(Inner {
                 state,
                 inventory,
@@ -163,9 +192,19 @@ impl ManagerCore {
     pub async fn acquire(&self, req: proto::AcquireRequest) -> Result<proto::AcquireResponse, ManagerError> {
         let started = std::time::Instant::now();
         let request = validate(&req)?;
+        let gated = match self.config.policy {
+            LimitPolicy::Exact => Some(
+                ContainerId::parse(&req.container_id)
+                    .map_err(|e| ManagerError::InvalidRequest(e.to_string()))?,
+            ),
+            LimitPolicy::Uniform | LimitPolicy::Ceiling => None,
+        };
         let mut inner = self.inner.lock().await;
         if let Some(existing) = inner.state.leases.get(&req.container_id) {
             if existing.key == request.key && existing.limits == request.limits {
+                if let Some(id) = gated.as_ref().filter(|id| !self.gates.is_open(id)) {
+                    self.gates.open(self.gate_target(id, existing))?;
+                }
                 let response = self.response_for(&inner, existing);
                 return Ok(response);
             }
@@ -203,21 +242,32 @@ impl ManagerCore {
             process,
             acquired_unix: now_unix(),
         };
+        if let Some(id) = &gated {
+            // Before the lease is recorded: a container whose gate cannot open must not start
+            // (its CUDA processes would find no control socket).
+            self.gates.open(self.gate_target(id, &lease))?;
+        }
         if let Some(d) = inner.state.daemons.get_mut(&dir) {
             d.idle_since_unix = None;
         }
         inner.state.leases.insert(req.container_id.clone(), lease.clone());
         inner.state.save(&self.config.state_path())?;
+        let server_limits = server_limits.map_or_else(|| "per client (gate)".to_string(), |l| l.to_string());
         info!(container = %req.container_id, namespace = %req.namespace, pod = %req.pod, gpus = %request.key, limits = %request.limits, server_limits = %server_limits, elapsed_us = started.elapsed().as_micros() as u64, "lease acquired");
         Ok(self.response_for(&inner, &lease))
     }
 
-    /// Starts the daemon if needed and makes its servers enforce `limits`.
+    fn gate_target(&self, id: &ContainerId, lease: &LeaseRecord) -> GateTarget {
+        gate_target(&self.config, id, lease)
+    }
+
+    /// Starts the daemon if needed and makes its servers enforce `limits`; `None` (policy
+    /// `exact`): the gates set them, per client.
     async fn ensure_daemon(
         &self,
         inner: &mut Inner,
         key: &DaemonKey,
-        limits: Limits,
+        limits: Option<Limits>,
     ) -> Result<(), ManagerError> {
         let dir = key.dir_name();
         let pipe_dir = self.config.pipe_dir(key);
@@ -258,6 +308,9 @@ impl ManagerCore {
             inner.state.save(&self.config.state_path())?;
         }
         let record = inner.state.daemons.get_mut(&dir).expect("daemon record present");
+        let Some(limits) = limits else {
+            return Ok(());
+        };
         if record.applied != Some(limits) {
             let servers = mps_control::apply_limits_everywhere(
                 self.control.as_ref(),
@@ -310,6 +363,9 @@ impl ManagerCore {
     pub async fn release(&self, container_id: &str) -> Result<bool, ManagerError> {
         let started = std::time::Instant::now();
         let mut inner = self.inner.lock().await;
+        if let Ok(id) = ContainerId::parse(container_id) {
+            self.gates.close(&id);
+        }
         let Some(lease) = inner.state.leases.remove(container_id) else {
             return Ok(false);
         };
@@ -381,6 +437,9 @@ impl ManagerCore {
         for lease in dead {
             warn!(container = %lease.container_id, pod = %lease.pod, namespace = %lease.namespace, "container process is gone without a release (poststop hook missed?); lease dropped");
             inner.state.leases.remove(&lease.container_id);
+            if let Ok(id) = ContainerId::parse(&lease.container_id) {
+                self.gates.close(&id);
+            }
             mark_idle_if_unused(&mut inner.state, &lease.key);
             changed = true;
         }
@@ -457,13 +516,7 @@ impl ManagerCore {
         let affected: Vec<String> = inner
             .state
             .leases_of(&record.key)
-            .map(|l| {
-                if l.pod.is_empty() {
-                    l.container_id.clone()
-                } else {
-                    format!("{}/{}", l.namespace, l.pod)
-                }
-            })
+            .map(LeaseRecord::owner)
             .collect();
         // MPS names every client it tears down "error trigging" (measured: 4 lines for one illegal
         // memory access among 4 clients), and writes them within milliseconds: the lines of one
@@ -505,6 +558,7 @@ impl ManagerCore {
     /// With no lease left, the compute mode is restored.
     pub async fn shutdown(&self) {
         let mut inner = self.inner.lock().await;
+        self.gates.stop_serving();
         let dirs: Vec<String> = inner.state.daemons.keys().cloned().collect();
         for dir in dirs {
             let record = inner.state.daemons[&dir].clone();
@@ -570,6 +624,43 @@ fn mark_idle_if_unused(state: &mut State, key: &DaemonKey) {
     if state.leases_of(key).count() == 0 {
         if let Some(d) = state.daemons.get_mut(&key.dir_name()) {
             d.idle_since_unix = Some(now_unix());
+        }
+    }
+}
+
+fn gate_target(config: &NodeConfig, id: &ContainerId, lease: &LeaseRecord) -> GateTarget {
+    GateTarget {
+        container: id.clone(),
+        gate_dir: config.gate_dir(id),
+        daemon: lease.key.clone(),
+        daemon_pipe_dir: config.pipe_dir(&lease.key),
+        limits: lease.limits,
+        owner: lease.owner(),
+    }
+}
+
+/// After a restart under policy `exact`: serve the gates of the adopted leases again (the
+/// socket is replaced in place), and remove gate dirs no lease owns.
+fn reopen_gates(config: &NodeConfig, state: &State, gates: &Gates) {
+    let kept: std::collections::HashSet<String> = state
+        .leases
+        .keys()
+        .filter_map(|id| ContainerId::parse(id).ok())
+        .map(|id| id.gate_name())
+        .collect();
+    gate::remove_stale_gate_dirs(&config.gates_root(), |name| kept.contains(name));
+    for lease in state.leases.values() {
+        let Ok(id) = ContainerId::parse(&lease.container_id) else {
+            continue;
+        };
+        let target = gate_target(config, &id, lease);
+        if !target.gate_dir.is_dir() {
+            // Started under another policy: it reaches the daemon's pipe dir directly.
+            warn!(container = %id, "adopted lease has no gate dir (started under another policy?); not gated");
+            continue;
+        }
+        if let Err(e) = gates.open(target) {
+            error!(container = %id, error = %e, "cannot re-open the gate of an adopted lease; its new CUDA processes cannot connect");
         }
     }
 }

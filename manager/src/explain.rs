@@ -2,6 +2,7 @@
 
 use gpu_mps_api::NodeConfig;
 use gpu_mps_api::inventory::Inventory;
+use gpu_mps_api::node_config::LimitPolicy;
 use gpu_mps_shim::ShimError;
 use similar::TextDiff;
 
@@ -13,14 +14,21 @@ pub fn explain_rewrite(
     spec: &str,
     config: &NodeConfig,
     inventory: &Inventory,
+    container_id: &str,
 ) -> Result<String, ShimError> {
-    let plan = gpu_mps_shim::plan_rewrite(spec, config, inventory)?;
+    let plan = gpu_mps_shim::plan_rewrite(spec, config, inventory, container_id)?;
     let mut out = format!("{spec_path}: {}\n", plan.reason);
     if let (Some(daemon), Some(limits)) = (&plan.daemon, &plan.limits) {
         out += &format!(
             "daemon: {} (pipe dir {})\nlimits: {limits}\n",
             daemon,
             config.pipe_dir(daemon).display()
+        );
+    }
+    if let (LimitPolicy::Exact, Some(dir)) = (config.policy, &plan.client_pipe_dir) {
+        out += &format!(
+            "gate: {} (policy exact: the container sees only the control socket the manager serves there)\n",
+            dir.display()
         );
     }
     let Some(rewritten) = plan.rewritten else {
@@ -61,7 +69,7 @@ mod tests {
     #[test]
     fn shows_only_the_shims_changes() {
         let spec = r#"{"ociVersion":"1.0.2","process":{"args":["sh"],"env":["PATH=/bin","NVIDIA_VISIBLE_DEVICES=0"],"cwd":"/"},"root":{"path":"rootfs"},"annotations":{"gpu-mps.io/memory-limit":"4Gi","gpu-mps.io/active-thread-percentage":"25"}}"#;
-        let out = explain_rewrite("b/config.json", spec, &NodeConfig::default(), &inventory()).unwrap();
+        let out = explain_rewrite("b/config.json", spec, &NodeConfig::default(), &inventory(), "c1").unwrap();
         assert!(
             out.contains("+      \"CUDA_MPS_ACTIVE_THREAD_PERCENTAGE=25\""),
             "{out}"
@@ -87,7 +95,7 @@ mod tests {
     #[test]
     fn a_cpu_container_is_unchanged() {
         let spec = r#"{"ociVersion":"1.0.2","process":{"args":["sh"],"env":["PATH=/bin"],"cwd":"/"},"root":{"path":"rootfs"}}"#;
-        let out = explain_rewrite("b/config.json", spec, &NodeConfig::default(), &inventory()).unwrap();
+        let out = explain_rewrite("b/config.json", spec, &NodeConfig::default(), &inventory(), "c1").unwrap();
         assert!(out.contains("unchanged"), "{out}");
     }
 }

@@ -22,6 +22,15 @@ pub struct LeaseRecord {
 }
 
 impl LeaseRecord {
+    /// namespace/pod, or the container id for a container started without CRI (ctr).
+    pub fn owner(&self) -> String {
+        if self.pod.is_empty() {
+            self.container_id.clone()
+        } else {
+            format!("{}/{}", self.namespace, self.pod)
+        }
+    }
+
     /// False once the container's init process has exited.
     pub fn container_alive(&self) -> bool {
         self.process.is_some_and(|p| p.is_alive())

@@ -7,6 +7,7 @@ pub mod containerd_registration;
 pub mod core;
 pub mod explain;
 pub mod fault_watch;
+pub mod gate;
 pub mod gpu_backend;
 pub mod lease;
 pub mod mps_control;

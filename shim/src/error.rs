@@ -30,6 +30,8 @@ pub enum ShimError {
     Bundle(#[from] BundleError),
     #[error(transparent)]
     NodeFile(#[from] NodeFileError),
+    #[error(transparent)]
+    ContainerId(#[from] gpu_mps_api::container_id::ContainerIdError),
     #[error("cannot find the bundle: the current directory is unreadable: {0}")]
     CurrentDir(io::Error),
     #[error("cannot run runc at {path}: {source} (runc_path in {config}{note})")]

@@ -92,11 +92,11 @@ fn prepare_create(
     }
     let config = node_files::load_config(config_path)?;
     let inventory = node_files::load_inventory(&config.inventory_path())?;
-    let plan = parsed.plan(&config, &inventory)?;
-    if let (Some(text), Some(daemon)) = (&plan.rewritten, &plan.daemon) {
-        // runc bind-mounts the pipe dir before the createRuntime hook starts the daemon.
-        let pipe_dir = config.pipe_dir(daemon);
-        bundle::create_pipe_dir(&pipe_dir)?;
+    let plan = parsed.plan(&config, &inventory, id)?;
+    if let (Some(text), Some(pipe_dir)) = (&plan.rewritten, &plan.client_pipe_dir) {
+        // runc bind-mounts the pipe dir (or gate dir) before the createRuntime hook starts the
+        // daemon (or the manager opens the gate in it).
+        bundle::create_pipe_dir(pipe_dir)?;
         bundle::write_config_atomically(&bundle, text)?;
         reporter.debug(format_args!(
             "create {id} (bundle {}): {}; pipe dir {} ready",

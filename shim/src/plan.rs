@@ -3,11 +3,13 @@
 //! call this, so explain shows exactly what the shim does.
 
 use std::collections::HashMap;
+use std::path::PathBuf;
 
 use gpu_mps_api::annotations::CRI_CONTAINER_TYPE;
 use gpu_mps_api::hook_invocation::AcquireArgs;
 use gpu_mps_api::inventory::Inventory;
-use gpu_mps_api::{DaemonKey, Limits, NodeConfig};
+use gpu_mps_api::node_config::LimitPolicy;
+use gpu_mps_api::{ContainerId, DaemonKey, Limits, NodeConfig};
 use serde_json::Value;
 
 use crate::error::ShimError;
@@ -27,6 +29,9 @@ pub struct RewritePlan {
     /// The limits and where each one came from (annotation or node default).
     pub resolved_limits: Option<ResolvedLimits>,
     pub acquire: Option<AcquireArgs>,
+    /// The host directory the container sees at /tmp/nvidia-mps, which the shim creates: the
+    /// daemon's pipe dir, or the container's gate dir under policy `exact`.
+    pub client_pipe_dir: Option<PathBuf>,
     /// One line saying why, for debug logs and `gpu-mps explain`.
     pub reason: String,
 }
@@ -90,7 +95,13 @@ impl ParsedSpec {
     }
 
     /// Resolves the request against the node's config and GPUs and rewrites the spec.
-    pub fn plan(self, config: &NodeConfig, inventory: &Inventory) -> Result<RewritePlan, ShimError> {
+    /// `container_id` names the container's gate dir under policy `exact`.
+    pub fn plan(
+        self,
+        config: &NodeConfig,
+        inventory: &Inventory,
+        container_id: &str,
+    ) -> Result<RewritePlan, ShimError> {
         let (Some(devices), None) = (&self.devices, &self.passthrough_reason) else {
             let reason = self.passthrough_reason.unwrap_or_default();
             return Ok(RewritePlan {
@@ -99,6 +110,7 @@ impl ParsedSpec {
                 limits: None,
                 resolved_limits: None,
                 acquire: None,
+                client_pipe_dir: None,
                 reason,
             });
         };
@@ -106,22 +118,29 @@ impl ParsedSpec {
         let resolved =
             request::resolve_limits(&self.annotations, &identity.container_name, config.default_limits)?;
         let daemon = gpu_devices::resolve(devices, inventory)?;
+        let client_pipe_dir = match config.policy {
+            LimitPolicy::Exact => config.gate_dir(&ContainerId::parse(container_id)?),
+            LimitPolicy::Uniform | LimitPolicy::Ceiling => config.pipe_dir(&daemon),
+        };
         let request = ResolvedRequest {
             daemon: daemon.clone(),
             limits: resolved.limits,
             identity,
+            client_pipe_dir: client_pipe_dir.clone(),
         };
         let mut spec = self.spec;
         let acquire = rewrite::rewrite(&mut spec, &request, config)?;
         let mut origins: Vec<String> = devices.devices.iter().map(|d| d.origin.to_string()).collect();
         origins.dedup();
         let reason = format!(
-            "rewrite: GPUs {daemon} from {}; limits {} (memory from {}, threads from {}); daemon {}",
+            "rewrite: GPUs {daemon} from {}; limits {} (memory from {}, threads from {}); daemon {}; policy {}: /tmp/nvidia-mps is {}",
             origins.join(" and "),
             resolved.limits,
             resolved.memory_source,
             resolved.threads_source,
             daemon.dir_name(),
+            config.policy,
+            client_pipe_dir.display(),
         );
         Ok(RewritePlan {
             rewritten: Some(spec_text(&spec)?),
@@ -129,18 +148,21 @@ impl ParsedSpec {
             limits: Some(resolved.limits),
             resolved_limits: Some(resolved),
             acquire: Some(acquire),
+            client_pipe_dir: Some(client_pipe_dir),
             reason,
         })
     }
 }
 
-/// What `create` does with `spec_text` on a node with `config` and `inventory`.
+/// What `create` of container `container_id` does with `spec_text` on a node with `config`
+/// and `inventory`.
 pub fn plan_rewrite(
     spec_text: &str,
     config: &NodeConfig,
     inventory: &Inventory,
+    container_id: &str,
 ) -> Result<RewritePlan, ShimError> {
-    parse_spec(spec_text)?.plan(config, inventory)
+    parse_spec(spec_text)?.plan(config, inventory, container_id)
 }
 
 /// The text of a rewritten config.json: pretty-printed so that a diff against containerd's

@@ -6,6 +6,7 @@
 
 use std::collections::HashMap;
 use std::fmt;
+use std::path::PathBuf;
 
 use gpu_mps_api::annotations::{
     self, ACTIVE_THREAD_PERCENTAGE, CRI_CONTAINER_NAME, CRI_SANDBOX_NAME, CRI_SANDBOX_NAMESPACE, MEMORY_LIMIT,
@@ -67,6 +68,9 @@ pub struct ResolvedRequest {
     pub daemon: DaemonKey,
     pub limits: Limits,
     pub identity: CriIdentity,
+    /// The host directory mounted at /tmp/nvidia-mps: the daemon's pipe dir, or under policy
+    /// `exact` the container's gate dir.
+    pub client_pipe_dir: PathBuf,
 }
 
 #[derive(Debug, Error, PartialEq, Eq)]

@@ -86,7 +86,7 @@ fn rewrite_in_place(
     spec_fields::annotations(spec)?;
 
     let acquire = acquire_args(request, config);
-    let pipe_mount = pipe_mount(&config.pipe_dir(&request.daemon))?;
+    let pipe_mount = pipe_mount(&request.client_pipe_dir)?;
     let hook_timeout = config.hook_timeout_seconds + HOOK_TIMEOUT_MARGIN_SECONDS;
     let create_runtime = hook(&config.hook_path, acquire.to_hook_args(), hook_timeout)?;
     let socket = config.manager_socket().display().to_string();
@@ -209,6 +209,7 @@ mod tests {
                 pod: "pod".into(),
                 container_name: "infer".into(),
             },
+            client_pipe_dir: format!("/run/gpu-mps/daemons/{UUID}/pipe").into(),
         }
     }
 

@@ -18,6 +18,8 @@ use serde_json::Value;
 use tempfile::TempDir;
 
 const SHIM: &str = env!("CARGO_BIN_EXE_gpu-mps-shim");
+/// The container id every `create` in these tests uses.
+const CREATED_ID: &str = "id";
 const GPU0: &str = "GPU-5bc4d1a1-4a1e-9d7b-3c2f-8e1f0a6b7c01";
 
 /// Held while a script is written and while a child is spawned: a child forked while another
@@ -123,7 +125,7 @@ impl Fixture {
         )
         .unwrap();
         let inventory = Inventory::from_json(&fs::read_to_string(self.inventory()).unwrap()).unwrap();
-        plan_rewrite(input, &config, &inventory)
+        plan_rewrite(input, &config, &inventory, CREATED_ID)
             .unwrap()
             .rewritten
             .unwrap()
@@ -523,4 +525,41 @@ fn assert_rfc3339(time: &str) {
             && b[19] == b'Z',
         "{time} is not RFC 3339"
     );
+}
+
+#[test]
+fn under_policy_exact_create_makes_the_containers_gate_dir_and_mounts_it() {
+    let f = Fixture::with_config("env-uuid", "[limits]\npolicy = \"exact\"\n");
+    let out = f.create_with_json_log();
+    assert!(out.status.success(), "{}", stderr(&out));
+    let gate = f.root().join("gates").join(CREATED_ID);
+    assert!(gate.is_dir(), "no gate dir {}", gate.display());
+    assert_eq!(mode(&gate), 0o755);
+    assert!(
+        !f.pipe_dir(GPU0).exists(),
+        "the daemon's pipe dir is the manager's business under exact"
+    );
+    let spec: serde_json::Value =
+        serde_json::from_str(&fs::read_to_string(f.config_json()).unwrap()).unwrap();
+    let mount = spec["mounts"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|m| m["destination"] == "/tmp/nvidia-mps")
+        .unwrap();
+    assert_eq!(mount["source"], gate.to_str().unwrap());
+}
+
+#[test]
+fn under_policy_exact_an_id_that_cannot_name_a_dir_fails_the_create() {
+    let f = Fixture::with_config("env-uuid", "[limits]\npolicy = \"exact\"\n");
+    let out = f.run(&["create", "--bundle", &f.bundle_arg(), "../escape"]);
+    assert!(!out.status.success());
+    let err = stderr(&out);
+    assert!(
+        err.contains("container id \"../escape\" cannot name a gate dir"),
+        "{err}"
+    );
+    assert_eq!(f.runc_argv(), None, "runc must not run");
+    assert!(!f.root().join("escape").exists() && !f.root().join("gates").exists());
 }

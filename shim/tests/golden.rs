@@ -24,6 +24,8 @@ use serde_json::Value;
 const EXPECTED_REWRITE: &str = "expected.json";
 const EXPECTED_PASSTHROUGH: &str = "expected-passthrough.txt";
 const EXPECTED_ERROR: &str = "expected-error.txt";
+/// The id every golden case is created as (it names the gate dir under policy `exact`).
+const GOLDEN_CONTAINER_ID: &str = "golden-container-1";
 
 fn golden_dir() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/golden")
@@ -39,7 +41,7 @@ struct Case {
 
 impl Case {
     fn outcome(&self) -> Result<RewritePlan, ShimError> {
-        plan_rewrite(&self.input, &self.config, &self.inventory)
+        plan_rewrite(&self.input, &self.config, &self.inventory, GOLDEN_CONTAINER_ID)
     }
 
     fn rewritten(&self) -> Option<(Value, Value)> {
@@ -291,7 +293,7 @@ fn rewriting_a_rewritten_spec_changes_nothing() {
         else {
             continue;
         };
-        let twice = plan_rewrite(&once, &case.config, &case.inventory)
+        let twice = plan_rewrite(&once, &case.config, &case.inventory, GOLDEN_CONTAINER_ID)
             .unwrap()
             .rewritten
             .unwrap();

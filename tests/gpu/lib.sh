@@ -88,6 +88,43 @@ stop_manager() {
 }
 status_json() { GPU_MPS_CONFIG=$CFG gpu-mps status --json; }
 
+wait_no_daemon() { # the MPS daemon gone (idle stop), so time-slicing runs without MPS
+    for _ in $(seq 40); do
+        [ "$(jget "$(status_json)" "len(d['daemons'])")" = 0 ] && ! pgrep -x nvidia-cuda-mps-server >/dev/null && return 0
+        sleep 0.25
+    done
+    log "warning: an MPS daemon is still running"
+}
+
+# burst_mixed <label> <runtime> "<mem>:<threads> ..." <mps-bench args...>: one container per
+# entry, started together (a shared --start-at), waited for; prints "total_it_s p50_ms p99_ms
+# ok_count" (outputs in $D/<label>-<i>.out).
+burst_mixed() {
+    local label=$1 rt=$2 specs=$3; shift 3
+    local at i=0 pids=() s
+    at=$(python3 -c 'import time; print(f"{time.time() + 4:.3f}")')
+    for s in $specs; do
+        i=$((i + 1))
+        run_ctr "$label-$i" "$rt" "${s%%:*}" "${s##*:}" -- "$BENCH" "$@" --start-at "$at" --tag "$label-$i" &
+        pids+=($!)
+    done
+    wait "${pids[@]}"
+    python3 - "$D" "$label" "$i" <<'EOF'
+import json, statistics, sys
+d, label, n = sys.argv[1], sys.argv[2], int(sys.argv[3])
+rows = []
+for i in range(1, n + 1):
+    try:
+        rows.append(json.loads([l for l in open(f"{d}/{label}-{i}.out") if l.startswith("{")][-1]))
+    except Exception:
+        pass
+ok = [r for r in rows if r.get("ok")]
+p50 = statistics.median(r["p50_ms"] for r in ok) if ok else 0
+p99 = max((r["p99_ms"] for r in ok), default=0)
+print(f"{sum(r['it_per_s'] for r in ok):.0f} {p50:.3f} {p99:.3f} {len(ok)}")
+EOF
+}
+
 DEVS=$(nvidia_device_flags)
 MNTS=$(host_userland_flags "$W/rootfs-base")
 N=0

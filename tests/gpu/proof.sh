@@ -18,13 +18,6 @@ SECONDS_PER_RUN=${SECONDS_PER_RUN:-4}
 
 # field <container-name> <python expr on d>
 field() { jget "$(last_json "$D/$1.out")" "$2"; }
-wait_no_daemon() { # the MPS daemon gone (idle stop), so time-slicing runs without MPS
-    for _ in $(seq 40); do
-        [ "$(jget "$(status_json)" "len(d['daemons'])")" = 0 ] && ! pgrep -x nvidia-cuda-mps-server >/dev/null && return 0
-        sleep 0.25
-    done
-    log "warning: an MPS daemon is still running"
-}
 # burst <label> <count> <runc|gpu-mps> <mem> <threads> <mps-bench args...>: <count> containers
 # started together (a shared --start-at), waited for; prints "total_it_s p50_ms p99_ms ok_count".
 burst() {

@@ -87,11 +87,18 @@ fn explain(bundle: &Path, config: &NodeConfig, inventory_path: &Path) -> anyhow:
             gpus: Vec::new(),
         }
     };
+    // containerd names a task's bundle dir after the container id.
+    let container_id = bundle
+        .canonicalize()
+        .ok()
+        .and_then(|b| b.file_name().map(|n| n.to_string_lossy().into_owned()))
+        .unwrap_or_default();
     Ok(explain_rewrite(
         &spec_path.display().to_string(),
         &spec,
         config,
         &inventory,
+        &container_id,
     )?)
 }
 

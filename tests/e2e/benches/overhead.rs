@@ -143,7 +143,7 @@ fn shim_time_per_create(shim: &Path) -> Result<()> {
     let n = 2000;
     let start = Instant::now();
     for _ in 0..n {
-        let plan = gpu_mps_shim::plan_rewrite(spec, &config, &inv)?;
+        let plan = gpu_mps_shim::plan_rewrite(spec, &config, &inv, "bench-container")?;
         ensure!(plan.rewritten.is_some());
     }
     let in_process = start.elapsed() / n;

@@ -79,6 +79,23 @@ pub fn host_namespace(kind: &str) -> Option<String> {
         .map(|l| l.to_string_lossy().into_owned())
 }
 
+/// A SOCK_SEQPACKET connection to an MPS `control` socket, as a CUDA client opens one (for a
+/// test that plays a misbehaving client from the host).
+pub fn seqpacket_connect(path: &std::path::Path) -> Result<std::os::unix::net::UnixStream> {
+    use std::os::fd::AsRawFd;
+
+    use nix::sys::socket::{self, AddressFamily, SockFlag, SockType, UnixAddr};
+    let fd = socket::socket(
+        AddressFamily::Unix,
+        SockType::SeqPacket,
+        SockFlag::SOCK_CLOEXEC,
+        None,
+    )?;
+    socket::connect(fd.as_raw_fd(), &UnixAddr::new(path)?)
+        .with_context(|| format!("connecting to {}", path.display()))?;
+    Ok(std::os::unix::net::UnixStream::from(fd))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

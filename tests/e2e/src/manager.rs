@@ -32,6 +32,8 @@ pub struct LimitsConfig {
     /// Server limits under `policy = "ceiling"`.
     pub ceiling: Option<(String, u8)>,
     pub overcommit: Option<f64>,
+    /// `[gate] handshake_timeout_seconds`, when not the default.
+    pub gate_handshake_timeout_seconds: Option<u64>,
 }
 
 impl Default for LimitsConfig {
@@ -42,6 +44,7 @@ impl Default for LimitsConfig {
             default_limits: None,
             ceiling: None,
             overcommit: None,
+            gate_handshake_timeout_seconds: None,
         }
     }
 }
@@ -55,6 +58,13 @@ impl LimitsConfig {
         LimitsConfig {
             policy: LimitPolicy::Ceiling,
             ceiling: Some((memory.into(), thread_percentage)),
+            ..LimitsConfig::default()
+        }
+    }
+
+    pub fn exact() -> LimitsConfig {
+        LimitsConfig {
+            policy: LimitPolicy::Exact,
             ..LimitsConfig::default()
         }
     }
@@ -111,6 +121,9 @@ pub fn node_config_toml(root: &Path, bins: &Binaries, runc: &Path, limits: &Limi
     if let Some(overcommit) = limits.overcommit {
         text += &format!("overcommit = {overcommit:?}\n");
     }
+    if let Some(seconds) = limits.gate_handshake_timeout_seconds {
+        text += &format!("\n[gate]\nhandshake_timeout_seconds = {seconds}\n");
+    }
     // Never switch compute modes: the fake has none, and on a shared GPU it must not change.
     text += &format!(
         "\n[daemon]\ncontrol_binary = {}\nidle_grace_seconds = {IDLE_GRACE_SECONDS}\nexclusive_process = false\n\n[hook]\ntimeout_seconds = 10\n",
@@ -124,6 +137,8 @@ pub fn node_config_toml(root: &Path, bins: &Binaries, runc: &Path, limits: &Limi
 #[derive(Debug)]
 pub struct Manager {
     child: Option<Child>,
+    binary: PathBuf,
+    inventory_path: PathBuf,
     config: NodeConfig,
     config_path: PathBuf,
     inventory: Inventory,
@@ -156,21 +171,10 @@ impl Manager {
         };
         std::fs::write(&inventory_path, serde_json::to_vec_pretty(&inventory)?)?;
 
-        let log_file = std::fs::File::create(&log)?;
-        let child = Command::new(&bins.manager)
-            .arg("--config")
-            .arg(&config_path)
-            .arg("--fake-inventory")
-            .arg(&inventory_path)
-            .env(CONFIG_ENV, &config_path)
-            .env("RUST_LOG", "info")
-            .stdin(Stdio::null())
-            .stdout(log_file.try_clone()?)
-            .stderr(log_file)
-            .spawn()
-            .with_context(|| format!("starting {}", bins.manager.display()))?;
         let mut manager = Manager {
-            child: Some(child),
+            child: None,
+            binary: bins.manager.clone(),
+            inventory_path,
             config,
             config_path,
             inventory,
@@ -178,8 +182,41 @@ impl Manager {
             log,
             dir,
         };
+        manager.spawn()?;
         manager.wait_for_socket().await?;
         Ok(manager)
+    }
+
+    fn spawn(&mut self) -> Result<()> {
+        // Appends: a restarted manager's log follows the first one's.
+        let log_file = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(&self.log)?;
+        let child = Command::new(&self.binary)
+            .arg("--config")
+            .arg(&self.config_path)
+            .arg("--fake-inventory")
+            .arg(&self.inventory_path)
+            .env(CONFIG_ENV, &self.config_path)
+            .env("GPU_MPS_LOG", "info,gpu_mps_manager::gate=debug")
+            .stdin(Stdio::null())
+            .stdout(log_file.try_clone()?)
+            .stderr(log_file)
+            .spawn()
+            .with_context(|| format!("starting {}", self.binary.display()))?;
+        self.child = Some(child);
+        Ok(())
+    }
+
+    /// Stops the manager with SIGTERM, as systemd does, and starts it again on the same
+    /// config and root: daemons, leases and gates must be adopted.
+    pub async fn restart(&mut self) -> Result<()> {
+        if let Some(mut child) = self.child.take() {
+            processes::stop_child(&mut child, Duration::from_secs(5));
+        }
+        self.spawn()?;
+        self.wait_for_socket().await
     }
 
     async fn wait_for_socket(&mut self) -> Result<()> {

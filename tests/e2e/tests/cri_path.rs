@@ -30,6 +30,9 @@ per_suite!(
     bad_requests_fail_with_their_message,
     cdi_annotation_gets_its_gpus_daemon,
     cdi_annotation_without_a_cdi_spec,
+    exact_holds_each_container_to_its_own_limits,
+    exact_a_stalled_client_is_cut_and_the_others_go_on,
+    exact_gates_come_back_after_a_manager_restart,
 );
 
 const GIB: u64 = 1 << 30;
@@ -624,5 +627,237 @@ async fn cdi_annotation_without_a_cdi_spec(suite: Suite) -> Result<()> {
         cri.delete_container(&container).await?;
     }
     cri.delete_pod(&pod).await?;
+    Ok(())
+}
+
+/// The limits the fake server gave a client, as `(memory, threads)` the daemon prints them.
+fn served(client: &MpsClient) -> (Option<&str>, Option<&str>) {
+    (client.mem.get("0").map(String::as_str), client.threads.as_deref())
+}
+
+/// `get_client_list` of the daemon's (one) server: host pids.
+async fn listed_clients(node: &GpuNode, gpu: &str) -> Result<Vec<u32>> {
+    let pipe = node.manager.pipe_dir(gpu);
+    let run = |command: &str| -> Result<String> {
+        let mut child = std::process::Command::new(&node.bins.fake_mps_control)
+            .env("CUDA_MPS_PIPE_DIRECTORY", &pipe)
+            .stdin(std::process::Stdio::piped())
+            .stdout(std::process::Stdio::piped())
+            .spawn()?;
+        std::io::Write::write_all(
+            child.stdin.as_mut().context("stdin")?,
+            format!("{command}\n").as_bytes(),
+        )?;
+        drop(child.stdin.take());
+        Ok(String::from_utf8_lossy(&child.wait_with_output()?.stdout).into_owned())
+    };
+    let mut pids = Vec::new();
+    for server in run("get_server_list")?.split_whitespace() {
+        pids.extend(
+            run(&format!("get_client_list {server}"))?
+                .split_whitespace()
+                .filter_map(|p| p.parse::<u32>().ok()),
+        );
+    }
+    Ok(pids)
+}
+
+/// Policy exact: containers with six different limits, started all at once on one GPU, each
+/// get their OWN limits from the one server, through a gate dir that holds only `control`; the
+/// server lists each container's own process (the gate forwards the client's credentials), and
+/// removal closes the gates.
+async fn exact_holds_each_container_to_its_own_limits(suite: Suite) -> Result<()> {
+    let node = GpuNode::start(&suite, LimitsConfig::exact()).await?;
+    let gpu = node.gpu_uuid(0).to_string();
+    let sizes = [
+        ("1Gi", 10, "1G"),
+        ("2Gi", 20, "2G"),
+        ("3Gi", 30, "3G"),
+        ("1Gi", 40, "1G"),
+        ("2Gi", 50, "2G"),
+        ("3Gi", 60, "3G"),
+    ];
+    let mut tasks = Vec::new();
+    for (i, (memory, threads, _)) in sizes.iter().enumerate() {
+        let mut cri = node.cri().await?;
+        let pod = cri
+            .run_pod_sandbox(&gpu_pod(&format!("exact-{i}"), "default").gpu_limits(memory, *threads))
+            .await?;
+        let spec = client_container("infer", &gpu);
+        tasks.push(tokio::spawn(async move {
+            let started = start_client(&mut cri, &pod, &spec).await;
+            (pod, started)
+        }));
+    }
+    let mut running = Vec::new();
+    for task in tasks {
+        let (pod, started) = task.await?;
+        running.push((pod, started?));
+    }
+    let server = running[0].1.1.server_pid;
+    for ((pod, (container, client)), (memory, threads, printed)) in running.iter().zip(sizes) {
+        let want_threads = format!("{threads}.0");
+        ensure!(
+            served(client) == (Some(printed), Some(want_threads.as_str())),
+            "pod {} asked {memory}/{threads}% and the server gave its client {}",
+            pod.spec.name,
+            client
+        );
+        ensure!(client.server_pid == server, "two servers on one GPU: {client}");
+        let gate = node
+            .manager
+            .config()
+            .gate_dir(&gpu_mps_api::ContainerId::parse(&container.id)?);
+        let names: Vec<String> = std::fs::read_dir(&gate)
+            .with_context(|| format!("gate dir {}", gate.display()))?
+            .map(|e| Ok(e?.file_name().to_string_lossy().into_owned()))
+            .collect::<Result<_>>()?;
+        ensure!(
+            names == ["control"],
+            "gate dir {} holds {names:?}",
+            gate.display()
+        );
+    }
+    let listed = listed_clients(&node, &gpu).await?;
+    for (_, (container, _)) in &running {
+        let pid = node
+            .containerd
+            .container_pid(CRI_NAMESPACE, &container.id)
+            .context("container pid")?;
+        ensure!(
+            listed.contains(&pid),
+            "the server does not list container {}'s process {pid} (it lists {listed:?}): the gate did not forward the client's credentials",
+            container.name
+        );
+    }
+    let status = node.manager.status().await?;
+    ensure!(status.policy == "exact", "policy {:?}", status.policy);
+    ensure!(
+        status.daemons.len() == 1 && status.daemons[0].leases == 6,
+        "{status:#?}"
+    );
+    let mut cri = node.cri().await?;
+    for (pod, (container, _)) in &running {
+        cri.delete_container(container).await?;
+        cri.delete_pod(pod).await?;
+    }
+    node.manager
+        .wait_status("leases released", WAIT, |s| s.leases.is_empty())
+        .await?;
+    let gates = node.manager.config().gates_root();
+    let left: Vec<_> = std::fs::read_dir(&gates)
+        .map(|d| d.flatten().map(|e| e.path()).collect())
+        .unwrap_or_default();
+    ensure!(left.is_empty(), "gate dirs left after removal: {left:?}");
+    Ok(())
+}
+
+/// Policy exact: a process that connects to its gate and then says nothing holds the MPS control
+/// daemon (it serves one connection at a time, as the real one). The gate cuts it after the
+/// handshake timeout; a pod of another size queued behind it then starts with its own limits.
+async fn exact_a_stalled_client_is_cut_and_the_others_go_on(suite: Suite) -> Result<()> {
+    let limits = LimitsConfig {
+        gate_handshake_timeout_seconds: Some(2),
+        ..LimitsConfig::exact()
+    };
+    let node = GpuNode::start(&suite, limits).await?;
+    let mut cri = node.cri().await?;
+    let gpu = node.gpu_uuid(0).to_string();
+    let pod_a = cri
+        .run_pod_sandbox(&gpu_pod("staller", "default").gpu_limits("2Gi", 20))
+        .await?;
+    let (a, client_a) = start_client(&mut cri, &pod_a, &client_container("infer", &gpu)).await?;
+    ensure!(served(&client_a) == (Some("2G"), Some("20.0")), "{client_a}");
+
+    // A process of pod A opens a control connection through A's gate and stalls after the hello.
+    let gate = node
+        .manager
+        .config()
+        .gate_dir(&gpu_mps_api::ContainerId::parse(&a.id)?);
+    let stalled = gpu_mps_e2e::checker::seqpacket_connect(&gate.join("control"))?;
+    let mut hello = [0u8; 16];
+    let n = std::io::Read::read(&mut &stalled, &mut hello)?;
+    ensure!(
+        &hello[..n] == b"HELLO",
+        "no hello through the gate: {:?}",
+        &hello[..n]
+    );
+    let stalled_at = std::time::Instant::now();
+
+    let pod_b = cri
+        .run_pod_sandbox(&gpu_pod("patient", "default").gpu_limits("4Gi", 50))
+        .await?;
+    let (b, client_b) = start_client(&mut cri, &pod_b, &client_container("infer", &gpu)).await?;
+    let waited = stalled_at.elapsed();
+    ensure!(
+        served(&client_b) == (Some("4G"), Some("50.0")),
+        "pod B got {client_b}"
+    );
+    ensure!(
+        waited >= Duration::from_millis(1500),
+        "pod B reached the daemon after {waited:?}, while a stalled connection held it"
+    );
+    // The gate closed the stalled connection.
+    stalled.set_read_timeout(Some(Duration::from_secs(5)))?;
+    let n = std::io::Read::read(&mut &stalled, &mut hello)?;
+    ensure!(n == 0, "the stalled connection is still open");
+    let log = node.manager.log_tail(200);
+    ensure!(
+        log.contains("still open after the handshake timeout"),
+        "the manager did not log the cut: {log}"
+    );
+    println!("a stalled connection held the daemon; pod B started {waited:?} after it, with its own limits");
+    for (pod, container) in [(&pod_a, &a), (&pod_b, &b)] {
+        cri.delete_container(container).await?;
+        cri.delete_pod(pod).await?;
+    }
+    Ok(())
+}
+
+/// Policy exact: the manager restarts (SIGTERM, then a new one) while a gated pod runs. The
+/// running client is untouched, the gate socket is served again, and a new CUDA process in the
+/// pod (an exec) and a new pod of another size both get their own limits.
+async fn exact_gates_come_back_after_a_manager_restart(suite: Suite) -> Result<()> {
+    let mut node = GpuNode::start(&suite, LimitsConfig::exact()).await?;
+    let mut cri = node.cri().await?;
+    let gpu = node.gpu_uuid(0).to_string();
+    let pod_a = cri
+        .run_pod_sandbox(&gpu_pod("survivor", "default").gpu_limits("2Gi", 20))
+        .await?;
+    let (a, client_a) = start_client(&mut cri, &pod_a, &client_container("infer", &gpu)).await?;
+    let pid_a = node
+        .containerd
+        .container_pid(CRI_NAMESPACE, &a.id)
+        .context("container pid")?;
+
+    node.manager.restart().await?;
+
+    ensure!(
+        listed_clients(&node, &gpu).await?.contains(&pid_a),
+        "the running client left the server over the restart"
+    );
+    let exec = cri
+        .exec_sync(&a, &["/checker", "mps-client"], Duration::from_secs(20))
+        .await?;
+    let again = MpsClient::parse(exec.last_line())?;
+    ensure!(
+        served(&again) == (Some("2G"), Some("20.0")) && again.server_pid == client_a.server_pid,
+        "a new process in pod A after the restart got {again}"
+    );
+    let pod_b = cri
+        .run_pod_sandbox(&gpu_pod("newcomer", "default").gpu_limits("4Gi", 50))
+        .await?;
+    let (b, client_b) = start_client(&mut cri, &pod_b, &client_container("infer", &gpu)).await?;
+    ensure!(
+        served(&client_b) == (Some("4G"), Some("50.0")),
+        "pod B got {client_b}"
+    );
+    ensure!(client_b.server_pid == client_a.server_pid, "two servers");
+    let log = node.manager.log_tail(400);
+    ensure!(log.contains("gate open"), "{log}");
+    for (pod, container) in [(&pod_a, &a), (&pod_b, &b)] {
+        cri.delete_container(container).await?;
+        cri.delete_pod(pod).await?;
+    }
     Ok(())
 }

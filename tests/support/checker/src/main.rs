@@ -114,14 +114,14 @@ fn hold_seconds(args: &[&str]) -> Result<f64, String> {
 
 fn mps_client(hold: f64) -> ExitCode {
     let blocked = block_stop_signals();
-    let (value, ok, stream) = mps_client::connect();
+    let (value, ok, channel) = mps_client::connect();
     // Printed before holding, so a test can read it while the client is still connected.
     emit(&value);
-    let Some(stream) = stream else {
+    let Some(channel) = channel else {
         return if ok { ExitCode::SUCCESS } else { ExitCode::FAILURE };
     };
     let interrupted = sleep_or_signal(blocked, hold);
-    drop(stream);
+    drop(channel);
     exit_after(interrupted)
 }
 

@@ -189,10 +189,24 @@ fn mps_client_uses_the_default_pipe_dir_when_unset() {
     assert_eq!(v["pipe_dir_used"], "/tmp/nvidia-mps");
 }
 
-/// A stand-in daemon: one SEQPACKET listener that answers one client and reports what the client
-/// sent and how long it held the connection.
+/// Passes `fd` with `text`.
+fn send_with_fd(stream: &std::os::unix::net::UnixStream, text: &[u8], fd: std::os::fd::RawFd) {
+    let fds = [fd];
+    socket::sendmsg::<()>(
+        stream.as_raw_fd(),
+        &[std::io::IoSlice::new(text)],
+        &[socket::ControlMessage::ScmRights(&fds)],
+        socket::MsgFlags::empty(),
+        None,
+    )
+    .expect("sendmsg");
+}
+
+/// A stand-in daemon with the measured shape (fake-mps-control's protocol.rs): it greets every
+/// connection; the client probes, then asks for its server and gets a channel, then a second
+/// descriptor. The daemon reports what the client sent and how long it held its channel.
 #[test]
-fn mps_client_speaks_the_protocol_and_holds_the_connection() {
+fn mps_client_speaks_the_protocol_and_holds_its_channel() {
     let dir = tempfile::tempdir().expect("tempdir");
     let control = dir.path().join("control");
     let fd = socket::socket(
@@ -206,16 +220,43 @@ fn mps_client_speaks_the_protocol_and_holds_the_connection() {
     socket::listen(&fd, Backlog::new(4).expect("backlog")).expect("listen");
     let listener = UnixListener::from(fd);
     let daemon = std::thread::spawn(move || {
-        let (stream, _) = listener.accept().expect("accept");
         let mut buf = [0u8; 256];
-        let n = (&stream).read(&mut buf).expect("read hello");
-        let hello = String::from_utf8_lossy(&buf[..n]).into_owned();
-        (&stream)
-            .write_all(b"SERVER 607 THREADS 25.0 MEM 0=4G,1=3000M\n")
-            .expect("answer");
+        let mut said = Vec::new();
+        let mut channel = None;
+        for connection in 0..3 {
+            let (stream, _) = listener.accept().expect("accept");
+            (&stream).write_all(b"HELLO").expect("hello");
+            let n = (&stream).read(&mut buf).expect("read");
+            said.push(String::from_utf8_lossy(&buf[..n]).into_owned());
+            let (kept, passed) = socket::socketpair(
+                AddressFamily::Unix,
+                SockType::SeqPacket,
+                None,
+                SockFlag::SOCK_CLOEXEC,
+            )
+            .expect("socketpair");
+            match connection {
+                0 => continue,
+                1 => {
+                    send_with_fd(
+                        &stream,
+                        b"SERVER 607 THREADS 25.0 MEM 0=4G,1=3000M\n",
+                        passed.as_raw_fd(),
+                    );
+                    channel = Some(std::os::unix::net::UnixStream::from(kept));
+                }
+                _ => send_with_fd(&stream, b"CHANNEL", passed.as_raw_fd()),
+            }
+            assert_eq!(
+                (&stream).read(&mut buf).expect("read eof"),
+                0,
+                "the client closes each control connection"
+            );
+        }
         let answered = Instant::now();
-        assert_eq!((&stream).read(&mut buf).expect("read eof"), 0);
-        (hello, answered.elapsed())
+        let channel = channel.expect("a channel");
+        assert_eq!((&channel).read(&mut buf).expect("channel eof"), 0);
+        (said, answered.elapsed())
     });
 
     let pipe = dir.path().to_str().expect("utf8");
@@ -233,7 +274,7 @@ fn mps_client_speaks_the_protocol_and_holds_the_connection() {
         .read_to_string(&mut out)
         .expect("read");
     let status = child.wait().expect("wait");
-    assert!(status.success());
+    assert!(status.success(), "{out}");
     let v: Value = serde_json::from_str(&out).expect("json");
     assert_eq!(v["connected"], true);
     assert_eq!(v["server_pid"], 607);
@@ -243,10 +284,20 @@ fn mps_client_speaks_the_protocol_and_holds_the_connection() {
     assert_eq!(v["error"], Value::Null);
     assert_eq!(typed::<MpsClient>(&v).server_pid, Some(607));
 
-    let (hello, held) = daemon.join().expect("daemon thread");
+    let (said, held) = daemon.join().expect("daemon thread");
     let uid = nix::unistd::getuid().as_raw();
-    assert_eq!(hello, format!("CLIENT {} {uid}", child.id()));
-    assert!(held >= Duration::from_millis(900), "held only {held:?}");
+    assert_eq!(
+        said,
+        vec![
+            String::new(),
+            format!("CLIENT {} {uid}", child.id()),
+            "CHANNEL".to_string()
+        ]
+    );
+    assert!(
+        held >= Duration::from_millis(900),
+        "held its channel only {held:?}"
+    );
 }
 
 #[test]

@@ -5,7 +5,7 @@ use std::io::{BufRead, Write};
 use std::process::ExitCode;
 
 use crate::paths::Paths;
-use crate::protocol::{self, ANSWER_PREFIX, UI_HELLO};
+use crate::protocol::{self, ANSWER_PREFIX, DAEMON_HELLO, UI_HELLO};
 
 pub const NO_DAEMON: &str = "Cannot find MPS control daemon process";
 
@@ -15,6 +15,11 @@ pub fn run() -> ExitCode {
         Ok(stream) => stream,
         Err(_) => return no_daemon(),
     };
+    // The daemon greets each connection once it gets to it (it serves one at a time).
+    match protocol::recv_message(&stream) {
+        Ok(Some(hello)) if hello == DAEMON_HELLO => {}
+        _ => return no_daemon(),
+    }
     if protocol::send_message(&stream, UI_HELLO).is_err() {
         return no_daemon();
     }

@@ -20,7 +20,7 @@ use nix::sys::stat::Mode;
 
 use crate::control_log::ControlLog;
 use crate::paths::Paths;
-use crate::protocol::{self, ANSWER_PREFIX, CLIENT_HELLO, UI_HELLO};
+use crate::protocol::{self, ANSWER_PREFIX, CHANNEL_HELLO, CLIENT_HELLO, DAEMON_HELLO, UI_HELLO};
 use crate::server::ProcessLauncher;
 use crate::state::{ClientLink, State};
 
@@ -221,6 +221,7 @@ impl Startup {
         } = self;
         let daemon = Arc::new(Daemon {
             state: Mutex::new(state),
+            one_connection: Mutex::new(()),
             log,
             paths,
         });
@@ -239,6 +240,9 @@ impl Startup {
 
 struct Daemon {
     state: Mutex<State>,
+    /// Held for the whole of each connection: the real daemon serves one at a time (measured:
+    /// a connection that sends nothing keeps every command waiting).
+    one_connection: Mutex<()>,
     log: ControlLog,
     paths: Paths,
 }
@@ -246,6 +250,15 @@ struct Daemon {
 impl Daemon {
     fn lock_state(&self) -> MutexGuard<'_, State> {
         self.state.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
+    }
+
+    /// A client gave up its channel (or was disconnected).
+    fn forget_client(&self, id: crate::state::ClientId) {
+        let mut state = self.lock_state();
+        if let Some(pid) = state.remove_client(id) {
+            self.log.line(&format!("Client {pid} disconnected"));
+        }
+        self.log_events(&mut state);
     }
 
     fn log_events(&self, state: &mut State) {
@@ -298,18 +311,31 @@ fn accept_loop(daemon: Arc<Daemon>, listener: UnixListener, name: &'static str) 
     }
 }
 
-fn handle_connection(daemon: &Daemon, stream: UnixStream) {
+/// How long one connection may keep the daemon before it gives up on it: far longer than a
+/// test's handshake, short enough that a stuck test does not hang the daemon for good.
+const CONNECTION_TIMEOUT: Duration = Duration::from_secs(30);
+
+fn handle_connection(daemon: &Arc<Daemon>, stream: UnixStream) {
+    let _one_at_a_time = daemon
+        .one_connection
+        .lock()
+        .unwrap_or_else(|poisoned| poisoned.into_inner());
     daemon.log.line("Accepting connection...");
-    let Ok(Some(first)) = protocol::recv_message(&stream) else {
+    let _ = stream.set_read_timeout(Some(CONNECTION_TIMEOUT));
+    if protocol::send_message(&stream, DAEMON_HELLO).is_err() {
+        return;
+    }
+    let Ok(Some((first, credentials))) = protocol::recv_with_credentials(&stream) else {
+        // A CUDA client's first connection only reads the hello.
+        daemon.log.line("User did not send valid credentials");
         return;
     };
     let first = first.trim();
-    if first == UI_HELLO {
-        serve_ui(daemon, stream);
-    } else if first.split_whitespace().next() == Some(CLIENT_HELLO) {
-        serve_cuda_client(daemon, stream, first);
-    } else {
-        daemon.log.line("User did not send valid credentials");
+    match first.split_whitespace().next() {
+        Some(UI_HELLO) => serve_ui(daemon, stream),
+        Some(CLIENT_HELLO) => serve_cuda_client(daemon, stream, first, credentials),
+        Some(CHANNEL_HELLO) => serve_second_channel(daemon, &stream),
+        _ => daemon.log.line("User did not send valid credentials"),
     }
 }
 
@@ -335,10 +361,19 @@ fn serve_ui(daemon: &Daemon, stream: UnixStream) {
     daemon.log.line("UI closed");
 }
 
-fn serve_cuda_client(daemon: &Daemon, stream: UnixStream, hello: &str) {
-    // The pid in the message is the client's own view (1 in a container); the kernel's view
-    // from SO_PEERCRED is the one `get_client_list` and `terminate_client` use.
-    let creds = match getsockopt(&stream, PeerCredentials) {
+fn serve_cuda_client(
+    daemon: &Arc<Daemon>,
+    stream: UnixStream,
+    hello: &str,
+    credentials: Option<nix::sys::socket::UnixCredentials>,
+) {
+    // The pid in the message text is the client's own view (1 in a container). The kernel's
+    // view is in the message's credentials (what a relaying gate forwards), else SO_PEERCRED;
+    // it is the one `get_client_list` and `terminate_client` use.
+    let creds = match credentials
+        .map(Ok)
+        .unwrap_or_else(|| getsockopt(&stream, PeerCredentials))
+    {
         Ok(creds) => creds,
         Err(e) => {
             daemon
@@ -349,10 +384,17 @@ fn serve_cuda_client(daemon: &Daemon, stream: UnixStream, hello: &str) {
         }
     };
     let (pid, uid) = (creds.pid(), creds.uid());
-    let stream = Arc::new(stream);
+    let (kept, passed) = match protocol::channel_pair() {
+        Ok(pair) => pair,
+        Err(e) => {
+            let _ = protocol::send_message(&stream, &format!("ERROR no channel: {e}\n"));
+            return;
+        }
+    };
+    let channel = Arc::new(kept);
     let admitted = {
         let mut state = daemon.lock_state();
-        let admitted = state.admit_client(pid, uid, stream.clone());
+        let admitted = state.admit_client(pid, uid, channel.clone());
         daemon.log_events(&mut state);
         admitted
     };
@@ -375,15 +417,31 @@ fn serve_cuda_client(daemon: &Daemon, stream: UnixStream, hello: &str) {
         "NEW CLIENT {pid} from user {uid} (it sent {hello:?}): {how}"
     ));
     daemon.log.line(&admission.line);
-    if protocol::send_message(&stream, &format!("{}\n", admission.line)).is_ok() {
-        // The client holds the connection while it uses the server; anything it sends is ignored.
+    let sent = protocol::send_with_fd(&stream, &format!("{}\n", admission.line), passed.as_raw_fd());
+    drop(passed);
+    if sent.is_ok() {
+        // The client is on the server for as long as it holds its channel.
+        let (watcher, id) = (daemon.clone(), admission.client_id);
+        std::thread::spawn(move || {
+            while let Ok(Some(_)) = protocol::recv_message(&channel) {}
+            watcher.forget_client(id);
+        });
+        // The client closes this control connection once it has its channel.
         while let Ok(Some(_)) = protocol::recv_message(&stream) {}
+    } else {
+        daemon.forget_client(admission.client_id);
     }
-    let mut state = daemon.lock_state();
-    if let Some(pid) = state.remove_client(admission.client_id) {
-        daemon.log.line(&format!("Client {pid} disconnected"));
+}
+
+/// A client's third connection: one more descriptor, nothing else changes.
+fn serve_second_channel(daemon: &Daemon, stream: &UnixStream) {
+    match protocol::channel_pair() {
+        Ok((_kept, passed)) => {
+            let _ = protocol::send_with_fd(stream, CHANNEL_HELLO, passed.as_raw_fd());
+        }
+        Err(e) => daemon.log.line(&format!("no second channel: {e}")),
     }
-    daemon.log_events(&mut state);
+    while let Ok(Some(_)) = protocol::recv_message(stream) {}
 }
 
 fn lock_pipe_dir(paths: &Paths) -> Result<Flock<File>, String> {

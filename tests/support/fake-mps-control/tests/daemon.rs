@@ -2,8 +2,8 @@
 //! with the MPS environment, then one CLI run per batch of commands, and CUDA clients on the
 //! pipe dir's `control` socket.
 
-use std::io::Write;
-use std::os::fd::AsRawFd;
+use std::io::{IoSlice, IoSliceMut, Write};
+use std::os::fd::{AsRawFd, RawFd};
 use std::os::unix::fs::{FileTypeExt, PermissionsExt};
 use std::os::unix::net::UnixStream;
 use std::path::{Path, PathBuf};
@@ -11,7 +11,10 @@ use std::process::{Command, Output, Stdio};
 use std::time::{Duration, Instant};
 
 use nix::sys::signal::{Signal, kill};
-use nix::sys::socket::{self, AddressFamily, SockFlag, SockType, UnixAddr};
+use nix::sys::socket::{
+    self, AddressFamily, ControlMessage, ControlMessageOwned, MsgFlags, SockFlag, SockType, UnixAddr,
+    UnixCredentials,
+};
 use nix::unistd::Pid;
 
 const BIN: &str = env!("CARGO_BIN_EXE_fake-mps-control");
@@ -131,9 +134,11 @@ fn wait_for(mut cond: impl FnMut() -> bool) -> Result<(), ()> {
     Err(())
 }
 
-/// A fake CUDA client: connects to `<pipe>/control`, sends `hello`, returns the connection
-/// (held open) and the daemon's one-line answer (empty when it closes the connection).
-fn cuda_client(pipe: &Path, hello: &str) -> (UnixStream, String) {
+/// A fake CUDA client's main connection (see src/protocol.rs): connects to `<pipe>/control`,
+/// reads the daemon's hello, sends `hello` with this process's credentials, and returns the
+/// channel the daemon passed (the client is listed until it is dropped) and its one-line answer
+/// (empty when it closed the connection instead).
+fn cuda_client(pipe: &Path, hello: &str) -> (Option<UnixStream>, String) {
     let fd = socket::socket(
         AddressFamily::Unix,
         SockType::SeqPacket,
@@ -147,10 +152,40 @@ fn cuda_client(pipe: &Path, hello: &str) -> (UnixStream, String) {
     )
     .expect("connect");
     let stream = UnixStream::from(fd);
-    assert_eq!((&stream).write(hello.as_bytes()).expect("send"), hello.len());
     let mut buf = [0u8; 4096];
-    let n = std::io::Read::read(&mut &stream, &mut buf).expect("recv");
-    (stream, String::from_utf8_lossy(&buf[..n]).into_owned())
+    let n = std::io::Read::read(&mut &stream, &mut buf).expect("hello");
+    assert_eq!(&buf[..n], b"HELLO", "the daemon speaks first");
+    let creds = UnixCredentials::new();
+    let sent = socket::sendmsg::<()>(
+        stream.as_raw_fd(),
+        &[IoSlice::new(hello.as_bytes())],
+        &[ControlMessage::ScmCredentials(&creds)],
+        MsgFlags::empty(),
+        None,
+    )
+    .expect("send");
+    assert_eq!(sent, hello.len());
+    let mut cmsg = nix::cmsg_space!([RawFd; 2]);
+    let mut iov = [IoSliceMut::new(&mut buf)];
+    let msg = socket::recvmsg::<()>(stream.as_raw_fd(), &mut iov, Some(&mut cmsg), MsgFlags::empty())
+        .expect("recv");
+    let mut channel = None;
+    for c in msg.cmsgs().expect("cmsgs") {
+        if let ControlMessageOwned::ScmRights(fds) = c {
+            channel = fds.first().copied().map(adopt);
+        }
+    }
+    let n = msg.bytes;
+    (channel, String::from_utf8_lossy(&buf[..n]).into_owned())
+}
+
+/// Owns a descriptor received over SCM_RIGHTS.
+fn adopt(fd: RawFd) -> UnixStream {
+    #[allow(unsafe_code)]
+    // SAFETY: `fd` was just received over SCM_RIGHTS; nothing else owns it.
+    unsafe {
+        std::os::fd::FromRawFd::from_raw_fd(fd)
+    }
 }
 
 fn server_pid_of(answer: &str) -> u32 {
@@ -311,7 +346,7 @@ fn servers_take_the_defaults_in_force_when_they_start() {
     d.cmd("set_default_device_pinned_mem_limit 0 4096M");
     d.cmd("set_default_device_pinned_mem_limit 1 3000M");
 
-    // The client claims pid 1 (its pid inside a container); the daemon uses SO_PEERCRED.
+    // The client claims pid 1 (its pid inside a container); the daemon uses its credentials.
     let (first, answer) = cuda_client(&d.pipe, "CLIENT 1 0");
     let srv = server_pid_of(&answer);
     assert_eq!(answer, format!("SERVER {srv} THREADS 25.0 MEM 0=4G,1=3000M\n"));
@@ -364,9 +399,10 @@ fn terminate_client_and_shutdown_server() {
     let me = std::process::id();
     assert_eq!(d.cmd(&format!("terminate_client {srv} {me}")), "");
     assert_eq!(d.cmd(&format!("get_client_list {srv}")), "");
-    // The daemon closed the client's connection.
+    // The daemon closed the client's channel.
     let mut buf = [0u8; 16];
-    assert_eq!(std::io::Read::read(&mut &client, &mut buf).expect("read"), 0);
+    let channel = client.as_ref().expect("a channel");
+    assert_eq!(std::io::Read::read(&mut &*channel, &mut buf).expect("read"), 0);
 
     assert_eq!(d.cmd(&format!("shutdown_server {srv} -f")), "");
     assert_eq!(d.cmd("get_server_list"), "");
@@ -442,7 +478,7 @@ fn concurrent_clients_share_one_server() {
             std::thread::spawn(move || cuda_client(&pipe, "CLIENT 1 0"))
         })
         .collect();
-    let held: Vec<(UnixStream, String)> = clients
+    let held: Vec<(Option<UnixStream>, String)> = clients
         .into_iter()
         .map(|c| c.join().expect("client thread"))
         .collect();
@@ -454,4 +490,37 @@ fn concurrent_clients_share_one_server() {
     assert_eq!(d.cmd(&format!("get_client_list {srv}")).lines().count(), 8);
     drop(held);
     assert!(wait_for(|| d.cmd(&format!("get_client_list {srv}")).is_empty()).is_ok());
+}
+
+#[test]
+fn one_connection_at_a_time_like_the_real_daemon() {
+    // Measured on the H200: a connection that has its hello and says nothing keeps every
+    // command waiting until it closes (gpu-mps's gate must never set limits while it relays).
+    let d = Daemon::start("GPU-aaaa");
+    let fd = socket::socket(
+        AddressFamily::Unix,
+        SockType::SeqPacket,
+        SockFlag::SOCK_CLOEXEC,
+        None,
+    )
+    .expect("socket");
+    socket::connect(
+        fd.as_raw_fd(),
+        &UnixAddr::new(&d.pipe.join("control")).expect("addr"),
+    )
+    .expect("connect");
+    let stalled = UnixStream::from(fd);
+    let mut buf = [0u8; 16];
+    assert_eq!(std::io::Read::read(&mut &stalled, &mut buf).expect("hello"), 5);
+    let pipe = d.pipe.clone();
+    let started = Instant::now();
+    let command = std::thread::spawn(move || run_cli(&pipe, "get_server_list\n"));
+    std::thread::sleep(Duration::from_millis(500));
+    assert!(
+        !command.is_finished(),
+        "a command ran while another connection was open"
+    );
+    drop(stalled);
+    assert_eq!(command.join().expect("cli"), (0, String::new()));
+    assert!(started.elapsed() >= Duration::from_millis(500));
 }
