@@ -532,7 +532,8 @@ fn under_policy_exact_create_makes_the_containers_gate_dir_and_mounts_it() {
     let f = Fixture::with_config("env-uuid", "[limits]\npolicy = \"exact\"\n");
     let out = f.create_with_json_log();
     assert!(out.status.success(), "{}", stderr(&out));
-    let gate = f.root().join("gates").join(CREATED_ID);
+    let id = gpu_mps_api::ContainerId::parse(CREATED_ID).unwrap();
+    let gate = f.root().join("gates").join(id.gate_name());
     assert!(gate.is_dir(), "no gate dir {}", gate.display());
     assert_eq!(mode(&gate), 0o755);
     assert!(
