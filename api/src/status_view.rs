@@ -199,7 +199,12 @@ impl StatusView {
                             .map(|p| p.to_string())
                             .collect::<Vec<_>>()
                             .join(","),
-                        limits(d.memory_limit_bytes, d.active_thread_percentage),
+                        if self.policy == "exact" {
+                            // The gate sets each client's own limits as it connects.
+                            "per client".to_string()
+                        } else {
+                            limits(d.memory_limit_bytes, d.active_thread_percentage)
+                        },
                         d.leases.to_string(),
                         d.faults.to_string(),
                         d.pipe_dir.clone(),
