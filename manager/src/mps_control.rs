@@ -238,6 +238,15 @@ pub fn parse_memory(answer: &str) -> Option<u64> {
     number.parse::<u64>().ok()?.checked_mul(1 << shift)
 }
 
+/// What `get_*_pinned_mem_limit` answers for a limit of `bytes` (whole MiB): from 1 GiB up it
+/// prints whole GiB, rounded down (measured on the H200: `1040M` and `1960M` both read back as
+/// `1G`, `1020M` as `1020M`, `4096M` as `4G`). So a read-back confirms the setting only to that
+/// precision; the value sent is exact.
+pub fn displayed_memory_bytes(bytes: u64) -> u64 {
+    const GIB: u64 = 1 << 30;
+    if bytes >= GIB { (bytes / GIB) * GIB } else { bytes }
+}
+
 /// An answer that says the command was not understood or the server does not exist.
 fn is_refusal(answer: &str) -> bool {
     answer.starts_with("Unknown command") || (answer.starts_with("Server ") && answer.ends_with("not found"))
@@ -319,7 +328,7 @@ pub async fn apply_limits(
             });
         }
         let got = control.command(pipe_dir, &get).await?;
-        if parse_memory(&got) != Some(limits.effective_memory_bytes()) {
+        if parse_memory(&got) != Some(displayed_memory_bytes(limits.effective_memory_bytes())) {
             return Err(ControlError::ReadBackMismatch {
                 pipe_dir: pipe(),
                 command: get,
@@ -383,6 +392,20 @@ mod tests {
         assert_eq!(parse_memory("3000M"), Some(3000 << 20));
         assert_eq!(parse_memory("0"), Some(0));
         assert_eq!(parse_memory("Server 1 not found"), None);
+        // What MPS prints back for a limit (measured on the H200).
+        for (set_mib, printed) in [
+            (1020u64, "1020M"),
+            (1040, "1G"),
+            (1960, "1G"),
+            (4096, "4G"),
+            (5000, "4G"),
+        ] {
+            assert_eq!(
+                parse_memory(printed),
+                Some(displayed_memory_bytes(set_mib << 20)),
+                "{set_mib}M reads back as {printed}"
+            );
+        }
         assert!(is_refusal("Unknown command \"bogus_command\""));
         assert!(is_refusal("Server 99999 not found"));
         assert!(!is_refusal("25.0"));

@@ -13,6 +13,7 @@
 #    down, and processes and pods started after
 # X5 exact, uniform and ceiling on one mixed workload (10/20/30/40 %)
 # X6 48 containers with 48 different memory limits at once
+# EXACT_PARTS="X1 X6" runs only those parts (default: all).
 # Never changes compute mode, clocks, MIG or persistence; quits every MPS daemon it started.
 set -uo pipefail
 OUT=${OUT:-/tmp/gpu-mps-out}
@@ -23,6 +24,7 @@ source tests/gpu/lib.sh
 CHECK=/check/mps-check
 BENCH=/check/mps-bench
 export GPU_MPS_LOG=info,gpu_mps_manager::gate=debug
+want() { [ -z "${EXACT_PARTS:-}" ] || [[ " $EXACT_PARTS " == *" $1 "* ]]; }
 
 # sms_near <sms> <percent>: the SMs MPS gives at <percent> of 132 (measured: it rounds down to
 # whole TPCs, so 25 % gives 32 of 33).
@@ -41,6 +43,7 @@ held() {
 log "X1 (Q7): N containers with different limits, started together, under exact"
 write_config exact
 start_manager exact || exit 1
+if want X1; then
 for n in 2 4 8; do
     pids=()
     spec=()
@@ -59,7 +62,9 @@ for n in 2 4 8; do
     check "X1.n$n" "$n containers of $n classes at once: each its own SMs and memory" "$seen" '[ $bad = 0 ]'
 done
 grep -c 'server limits set and read back' "$D/manager-exact.log" | xargs -I{} row X1.sets INFO "times the gate changed the server's limits (X1)" "{}"
+fi
 
+if want X2; then
 log "X2: throughput of one server: 4 classes under exact vs one class under uniform (matmul 1024, 25 % each)"
 read -r ex_it ex_p50 ex_p99 ex_ok <<<"$(burst_mixed xt gpu-mps "4Gi:25 5Gi:25 6Gi:25 7Gi:25" matmul --n 1024 --seconds 4)"
 stop_manager; write_config uniform; start_manager uniform || exit 1
@@ -69,7 +74,9 @@ ratio=$(python3 -c "print(f'{$ex_it / max($un_it, 1):.3f}')")
 check X2.equal "exact (4 classes) vs uniform (1 class): aggregate it/s within 5 %" \
     "exact=$ex_it ($ex_ok ok, p50 $ex_p50 ms) uniform=$un_it ($un_ok ok, p50 $un_p50 ms) ratio=$ratio" \
     "python3 -c 'import sys; sys.exit(0 if abs($ratio - 1) <= 0.05 else 1)'"
+fi
 
+if want X3; then
 log "X3: no escape under exact: raised or unset env, a second process, while another class is admitted"
 stop_manager; write_config exact; start_manager exact2 || exit 1
 run_ctr big gpu-mps 16Gi 75 -- "$CHECK" --hold-seconds 12 --tag big &
@@ -89,7 +96,9 @@ done < <(grep -E '^\{' "$D/esc.out")
 big_sms=$(jget "$(last_json "$D/big.out")" "d['sms']")
 check X3.env "4Gi/25 % container: env raised, env unset, 3rd process; a 16Gi/75 % pod admitted meanwhile" \
     "$seen (the 75 % pod: sms=$big_sms)" '[ $escaped = 0 ] && [ $(grep -c "^{" "$D/esc.out") = 3 ] && [ "${big_sms:-0}" -ge 90 ]'
+fi
 
+if want X4; then
 log "X4: the manager restarts while gated clients run"
 run_ctr keep gpu-mps 8Gi 50 -- "$BENCH" busy --seconds 25 --tag keep &
 KEEP=$!
@@ -114,7 +123,9 @@ row X4.down INFO "a new process in a 4Gi/25 % pod while the manager is down (gat
 check X4.restart "running kernels untouched; before and after the restart a new process gets 4Gi/25 %; a new pod its 2Gi/10 %" \
     "before: $(f "$before") after: $(f "$after") newpod: $(held newpod 2048 10) running busy kernel: ok=$(jget "$keep" "d['ok']") kernels=$(jget "$keep" "d['kernels']") error=$(jget "$keep" "d['error']")" \
     '[ "$(jget "$before" "d[\"sms\"]")" -le 33 ] && [ "$(jget "$after" "d[\"sms\"]")" -le 33 ] && [ "$(jget "$after" "d[\"allocs\"][1][\"ok\"]")" = False ] && held newpod 2048 10 >/dev/null && [ "$(jget "$keep" "d[\"ok\"]")" = True ]'
+fi
 
+if want X5; then
 log "X5: one mixed workload (10/20/30/40 %, 4/8/12/16 Gi, matmul 1024 4 s) under exact, ceiling and uniform"
 MIX="4Gi:10 8Gi:20 12Gi:30 16Gi:40"
 read -r mx_it _ _ mx_ok <<<"$(burst_mixed mx gpu-mps "$MIX" matmul --n 1024 --seconds 4)"
@@ -129,7 +140,9 @@ read -r mu_it _ _ mu_ok <<<"$(burst_mixed mu gpu-mps "$MIX" matmul --n 1024 --se
 refused=$(grep -l 'under policy uniform' "$D"/mu-*.err 2>/dev/null | wc -l)
 row X5.mixed INFO "aggregate it/s (containers that ran; SMs each)" \
     "exact=$mx_it ($mx_ok ran; sms $mx_sms) ceiling=$mc_it ($mc_ok ran; sms $mc_sms; each could raise itself to 40 %) uniform=$mu_it ($mu_ok ran, $refused refused: one class per GPU at a time)"
+fi
 
+if want X6; then
 log "X6: 48 containers with 48 different memory limits at once under exact"
 stop_manager; write_config exact; start_manager scale || exit 1
 wait_no_daemon
@@ -166,6 +179,8 @@ GATE=$(grep -o 'gate: control connection done.*' "$D/manager-scale.log" | grep -
     python3 -c 'import sys; x=sorted(int(l) for l in sys.stdin) or [0]; print(f"connections={len(x)} wait p50={x[len(x)//2]} ms p99={x[min(len(x)-1,len(x)*99//100)]} ms max={x[-1]} ms")')
 SETS=$(grep -c 'server limits set and read back' "$D/manager-scale.log")
 row X6.gate INFO "gate lock under the 48-class burst (manager log)" "$GATE; limit changes=$SETS"
+fi
+
 
 echo
 echo "=== exact results ($(grep -c PASS "$RESULTS") PASS, $(grep -c FAIL "$RESULTS") FAIL)"

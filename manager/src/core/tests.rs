@@ -97,8 +97,9 @@ impl MpsControl for FakeControl {
         };
         let w: Vec<&str> = command.split_whitespace().collect();
         let mem_out = |v: &str| -> String {
+            // As the real CLI prints it back (measured): whole GiB, rounded down, from 1 GiB up.
             let mib: u64 = v.trim_end_matches('M').parse().unwrap();
-            if mib % 1024 == 0 {
+            if mib >= 1024 {
                 format!("{}G", mib / 1024)
             } else {
                 format!("{mib}M")
@@ -633,4 +634,46 @@ async fn a_fatal_fault_in_server_log_is_counted_and_reported() {
     assert!(d.last_fault_unix > 0);
     m.reconcile(now_unix()).await;
     assert_eq!(m.status().await.daemons[0].faults, 1, "a fault is counted once");
+}
+
+#[tokio::test]
+async fn exact_serves_a_gate_per_container_and_leaves_the_limits_to_it() {
+    let e = env(LimitPolicy::Exact, Tenancy::Shared);
+    let m = core(&e).await;
+    let gate = |id: &str| e.config.gate_dir(&ContainerId::parse(id).unwrap());
+    m.acquire(request("c-small", "GPU-0", 4, 25, "ns")).await.unwrap();
+    // Another size on the same GPU is admitted under exact.
+    m.acquire(request("c-large", "GPU-0", 8, 50, "ns")).await.unwrap();
+    for id in ["c-small", "c-large"] {
+        let control = gate(id).join("control");
+        let kind = std::fs::metadata(&control).unwrap().file_type();
+        assert!(
+            std::os::unix::fs::FileTypeExt::is_socket(&kind),
+            "{}",
+            control.display()
+        );
+    }
+    // Acquire starts the daemon but sets no limits: only a gate may, per connection.
+    let cmds = e.control.commands();
+    assert!(!cmds.iter().any(|c| c.starts_with("set_")), "{cmds:?}");
+    assert_eq!(*e.control.starts.lock().unwrap(), 1);
+
+    assert!(m.release("c-small").await.unwrap());
+    assert!(!gate("c-small").exists(), "a released container's gate dir stays");
+
+    // A restarted manager serves the remaining lease's gate again and removes a stray gate dir.
+    let stray = e.config.gates_root().join("0123456789abcdef");
+    std::fs::create_dir_all(&stray).unwrap();
+    let before = std::fs::metadata(gate("c-large").join("control")).unwrap();
+    m.shutdown().await;
+    drop(m);
+    let m = core(&e).await;
+    let after = std::fs::metadata(gate("c-large").join("control")).unwrap();
+    assert_ne!(
+        std::os::unix::fs::MetadataExt::ino(&before),
+        std::os::unix::fs::MetadataExt::ino(&after),
+        "the gate socket was not bound again"
+    );
+    assert!(!stray.exists(), "a gate dir of no lease was left");
+    assert_eq!(m.status().await.leases.len(), 1);
 }

@@ -153,6 +153,12 @@ impl Gates {
     }
 }
 
+impl Drop for Gates {
+    fn drop(&mut self) {
+        self.stop_serving();
+    }
+}
+
 /// Removes gate dirs under `gates_root` whose container `keep` does not know: left behind by a
 /// manager that stopped before their containers' release.
 pub fn remove_stale_gate_dirs(gates_root: &Path, keep: impl Fn(&str) -> bool) {
@@ -219,6 +225,76 @@ async fn accept(listener: &AsyncFd<UnixListener>) -> std::io::Result<UnixStream>
     }
 }
 
+/// First and longest wait between two attempts to admit a client the gate could not admit.
+const ADMISSION_RETRY_FIRST: Duration = Duration::from_millis(500);
+const ADMISSION_RETRY_MAX: Duration = Duration::from_secs(10);
+
+/// One attempt: the server's lock for the container's class (its limits set on a class change),
+/// then a connection to the daemon.
+async fn admit_once(
+    target: &Arc<GateTarget>,
+    admission: &ServerAdmission,
+    control: &Arc<dyn MpsControl>,
+    client_pid: i32,
+) -> Result<(server_admission::Ticket, AsyncFd<UnixStream>), String> {
+    // A restarted daemon starts its servers from their defaults: its pid tells.
+    let daemon_pid = mps_control::read_pid_file(&target.daemon_pipe_dir).unwrap_or(0);
+    let apply = |before: Option<Applied>| {
+        let (control, target) = (control.clone(), target.clone());
+        async move {
+            let t = std::time::Instant::now();
+            let servers = mps_control::apply_limits_everywhere(
+                control.as_ref(),
+                &target.daemon_pipe_dir,
+                target.limits,
+                target.daemon.gpu_uuids().len(),
+            )
+            .await?;
+            info!(daemon = %target.daemon, limits = %target.limits, before = ?before.map(|a| a.limits), servers = ?servers, for_container = %target.container, owner = %target.owner, client_pid, elapsed_ms = t.elapsed().as_millis() as u64, "gate: server limits set and read back");
+            Ok::<(), ControlError>(())
+        }
+    };
+    let ticket = match admission
+        .enter(target.limits, daemon_pid, client_pid, apply)
+        .await
+    {
+        Ok(t) => t,
+        Err(EnterError::QueueTimeout { waited, holder }) => {
+            return Err(format!(
+                "the server stayed busy admitting class {} for {} ms",
+                holder.map_or_else(|| "?".to_string(), |h| h.to_string()),
+                waited.as_millis()
+            ));
+        }
+        Err(EnterError::Apply(e)) => return Err(format!("setting the server's limits failed: {e}")),
+    };
+    let upstream_path = target.daemon_pipe_dir.join(mps_control::CONTROL_SOCKET);
+    let upstream = seqpacket::connect(&upstream_path)
+        .and_then(seqpacket::watch)
+        .map_err(|e| {
+            format!(
+                "the MPS control daemon at {} does not answer: {e}",
+                upstream_path.display()
+            )
+        })?;
+    Ok((ticket, upstream))
+}
+
+/// Resolves once the client closed its connection (a waiting client sends nothing).
+async fn client_left(client: &AsyncFd<UnixStream>) {
+    loop {
+        let Ok(mut guard) = client.readable().await else {
+            return;
+        };
+        match guard.try_io(|s| seqpacket::peek_closed(s.get_ref())) {
+            Ok(Ok(true)) | Ok(Err(_)) => return,
+            // It sent something before the daemon's hello: not gone; nothing more to watch.
+            Ok(Ok(false)) => std::future::pending::<()>().await,
+            Err(_would_block) => continue,
+        }
+    }
+}
+
 /// Counts of one relayed connection, for the logs.
 #[derive(Debug, Default, Clone, Copy)]
 struct RelayCounts {
@@ -243,51 +319,33 @@ async fn admit_connection(
         }
     };
     let client_pid = peer.pid();
-    // A restarted daemon starts its servers from their defaults: its pid tells.
-    let daemon_pid = mps_control::read_pid_file(&target.daemon_pipe_dir).unwrap_or(0);
-    let apply = |before: Option<Applied>| {
-        let (control, target) = (control.clone(), target.clone());
-        async move {
-            let t = std::time::Instant::now();
-            let servers = mps_control::apply_limits_everywhere(
-                control.as_ref(),
-                &target.daemon_pipe_dir,
-                target.limits,
-                target.daemon.gpu_uuids().len(),
-            )
-            .await?;
-            info!(daemon = %target.daemon, limits = %target.limits, before = ?before.map(|a| a.limits), servers = ?servers, for_container = %target.container, owner = %target.owner, client_pid, elapsed_ms = t.elapsed().as_millis() as u64, "gate: server limits set and read back");
-            Ok::<(), ControlError>(())
-        }
-    };
-    let mut ticket = match admission
-        .enter(target.limits, daemon_pid, client_pid, apply)
-        .await
-    {
-        Ok(t) => t,
-        Err(EnterError::QueueTimeout { waited, holder }) => {
-            warn!(container = %target.container, owner = %target.owner, client_pid, daemon = %target.daemon, waited_ms = waited.as_millis() as u64, holder = ?holder, "gate: the server stayed busy admitting another class; connection refused (the CUDA process gets an MPS connection error)");
-            return;
-        }
-        Err(EnterError::Apply(e)) => {
-            error!(container = %target.container, owner = %target.owner, client_pid, daemon = %target.daemon, error = %e, "gate: cannot set the server's limits; connection refused so that the client never runs under other limits");
-            return;
-        }
-    };
-    let upstream_path = target.daemon_pipe_dir.join(mps_control::CONTROL_SOCKET);
-    let upstream = match seqpacket::connect(&upstream_path).and_then(seqpacket::watch) {
-        Ok(u) => u,
-        Err(e) => {
-            error!(container = %target.container, client_pid, daemon = %target.daemon, socket = %upstream_path.display(), error = %e, "gate: the MPS control daemon does not answer; connection refused");
-            return;
-        }
-    };
     let client = match seqpacket::watch(stream) {
         Ok(c) => c,
         Err(e) => {
             error!(container = %target.container, error = %e, "gate: cannot watch the client's connection");
             return;
         }
+    };
+    // Never close a connection the gate could not admit: measured on the H200, a CUDA client
+    // whose control connection is closed before the handshake opens a DIRECT context with the
+    // whole GPU (in Default compute mode). A client kept waiting just waits (12 s and more
+    // measured), so the gate retries until it can admit it, or the client leaves.
+    let mut backoff = ADMISSION_RETRY_FIRST;
+    let (mut ticket, upstream) = loop {
+        match admit_once(&target, &admission, &control, client_pid).await {
+            Ok(admitted) => break admitted,
+            Err(why) => {
+                error!(container = %target.container, owner = %target.owner, client_pid, daemon = %target.daemon, retry_in_ms = backoff.as_millis() as u64, "gate: cannot admit the client yet: {why}; it is kept waiting (closing would let CUDA fall back to a direct context)");
+            }
+        }
+        tokio::select! {
+            _ = tokio::time::sleep(backoff) => {}
+            () = client_left(&client) => {
+                info!(container = %target.container, client_pid, "gate: a waiting client left");
+                return;
+            }
+        }
+        backoff = (backoff * 2).min(ADMISSION_RETRY_MAX);
     };
     let mut counts = RelayCounts::default();
     let outcome = tokio::time::timeout(

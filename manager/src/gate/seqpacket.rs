@@ -87,6 +87,17 @@ pub fn peer_credentials(stream: &UnixStream) -> io::Result<UnixCredentials> {
     Ok(socket::getsockopt(stream, sockopt::PeerCredentials)?)
 }
 
+/// Whether the peer closed (end of stream), without taking a message off the socket.
+pub fn peek_closed(stream: &UnixStream) -> io::Result<bool> {
+    let mut byte = [0u8; 1];
+    let n = socket::recv(
+        stream.as_raw_fd(),
+        &mut byte,
+        MsgFlags::MSG_PEEK | MsgFlags::MSG_DONTWAIT,
+    )?;
+    Ok(n == 0)
+}
+
 /// One message as it crossed the gate, for the trace log.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Relayed {

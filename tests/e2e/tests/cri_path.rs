@@ -669,8 +669,10 @@ async fn listed_clients(node: &GpuNode, gpu: &str) -> Result<Vec<u32>> {
 async fn exact_holds_each_container_to_its_own_limits(suite: Suite) -> Result<()> {
     let node = GpuNode::start(&suite, LimitsConfig::exact()).await?;
     let gpu = node.gpu_uuid(0).to_string();
+    // 1500Mi: MPS prints it back as "1G" (whole GiB, rounded down; measured), which the gate
+    // must take as set.
     let sizes = [
-        ("1Gi", 10, "1G"),
+        ("1500Mi", 10, "1500M"),
         ("2Gi", 20, "2G"),
         ("3Gi", 30, "3G"),
         ("1Gi", 40, "1G"),

@@ -32,8 +32,18 @@ pub fn parse_mem_mib(text: &str) -> Option<u64> {
     number.parse::<u64>().ok()?.checked_mul(factor)
 }
 
-/// A pinned memory limit as the real CLI prints it: whole GiB as `4G`, anything else in MiB
-/// (`3000M`). An unset limit prints `0`: what the real one prints there was NOT measured.
+/// A pinned memory limit as the real CLI prints it (measured on the H200): from 1 GiB up in
+/// whole GiB, rounded down (`1040M` and `1960M` print `1G`, `4096M` prints `4G`), below in MiB
+/// (`1020M`). An unset limit prints `0`: what the real one prints there was NOT measured.
+pub fn format_mem_mib_as_cli(mib: u64) -> String {
+    match mib {
+        0 => "0".to_string(),
+        1..1024 => format!("{mib}M"),
+        _ => format!("{}G", mib / 1024),
+    }
+}
+
+/// A limit exactly, in the fake's own answer to a client: whole GiB as `4G`, else `3000M`.
 pub fn format_mem_mib(mib: u64) -> String {
     let (gib, rest) = (mib / 1024, mib % 1024);
     if mib == 0 {
@@ -82,5 +92,15 @@ mod tests {
         assert_eq!(format_mem_mib(8192), "8G");
         assert_eq!(format_mem_mib(3000), "3000M");
         assert_eq!(format_mem_mib(0), "0");
+        for (mib, printed) in [
+            (1020, "1020M"),
+            (1040, "1G"),
+            (1960, "1G"),
+            (3000, "2G"),
+            (4096, "4G"),
+            (0, "0"),
+        ] {
+            assert_eq!(format_mem_mib_as_cli(mib), printed);
+        }
     }
 }

@@ -6,7 +6,7 @@ use std::collections::BTreeMap;
 use std::sync::Arc;
 
 use crate::command::Command;
-use crate::limits::{format_mem_mib, format_threads, parse_mem_mib, parse_threads};
+use crate::limits::{format_mem_mib, format_mem_mib_as_cli, format_threads, parse_mem_mib, parse_threads};
 
 /// A running fake MPS server process.
 pub trait ServerProcess: Send {
@@ -140,7 +140,7 @@ impl State {
                 }
                 Reply::line(format_threads(self.default_threads))
             }
-            Command::GetDefaultDevicePinnedMemLimit { device } => Reply::line(format_mem_mib(
+            Command::GetDefaultDevicePinnedMemLimit { device } => Reply::line(format_mem_mib_as_cli(
                 self.default_mem.get(&device).copied().unwrap_or(0),
             )),
             Command::SetDefaultDevicePinnedMemLimit { device, value } => {
@@ -169,7 +169,7 @@ impl State {
                 None => Reply::server_not_found(&server),
             },
             Command::GetDevicePinnedMemLimit { server, device } => match self.find(&server) {
-                Some(s) => Reply::line(format_mem_mib(s.mem.get(&device).copied().unwrap_or(0))),
+                Some(s) => Reply::line(format_mem_mib_as_cli(s.mem.get(&device).copied().unwrap_or(0))),
                 None => Reply::server_not_found(&server),
             },
             Command::SetDevicePinnedMemLimit {
@@ -495,7 +495,8 @@ mod tests {
             ("set_default_device_pinned_mem_limit 7 4G", ""),
             ("get_default_device_pinned_mem_limit 7", "4G\n"),
             ("set_default_device_pinned_mem_limit 1 3000M", ""),
-            ("get_default_device_pinned_mem_limit 1", "3000M\n"),
+            // Printed in whole GiB, rounded down (measured on the H200).
+            ("get_default_device_pinned_mem_limit 1", "2G\n"),
             ("get_default_device_pinned_mem_limit 2", "0\n"),
             ("set_default_active_thread_percentage 250", "25.0\n"),
             ("get_default_active_thread_percentage", "25.0\n"),

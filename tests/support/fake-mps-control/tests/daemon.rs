@@ -309,7 +309,7 @@ fn command_answers_match_the_measured_formats() {
         ("set_default_device_pinned_mem_limit 7 4G", ""),
         ("get_default_device_pinned_mem_limit 7", "4G\n"),
         ("set_default_device_pinned_mem_limit 1 3000M", ""),
-        ("get_default_device_pinned_mem_limit 1", "3000M\n"),
+        ("get_default_device_pinned_mem_limit 1", "2G\n"),
         ("get_default_device_pinned_mem_limit 2", "0\n"),
         ("set_default_active_thread_percentage 250", "25.0\n"),
         ("get_default_active_thread_percentage", "25.0\n"),
@@ -356,7 +356,7 @@ fn servers_take_the_defaults_in_force_when_they_start() {
     assert_eq!(d.cmd(&format!("get_client_list {srv}")), format!("{me}\n"));
     assert_eq!(d.cmd(&format!("get_active_thread_percentage {srv}")), "25.0\n");
     assert_eq!(d.cmd(&format!("get_device_pinned_mem_limit {srv} 0")), "4G\n");
-    assert_eq!(d.cmd(&format!("get_device_pinned_mem_limit {srv} 1")), "3000M\n");
+    assert_eq!(d.cmd(&format!("get_device_pinned_mem_limit {srv} 1")), "2G\n");
     assert_eq!(
         d.cmd(&format!("get_device_client_list {srv}")),
         format!(
