@@ -47,7 +47,8 @@ pub enum ConfigError {
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]
 pub enum LimitPolicy {
-    /// A GPU serves one limit class at a time, enforced exactly by its server.
+    /// A GPU serves one limit class at a time, enforced exactly by its server. The default
+    /// before docs/adr/0005.
     Uniform,
     /// The server enforces the node's ceiling; each container's env asks for less.
     Ceiling,
@@ -186,7 +187,8 @@ impl Default for NodeConfig {
             root: PathBuf::from("/run/gpu-mps"),
             hook_path: PathBuf::from("/usr/local/bin/gpu-mps-hook"),
             runc_path: PathBuf::from("/usr/sbin/runc"),
-            policy: LimitPolicy::Uniform,
+            // docs/adr/0005: every container held to its own limits by one server.
+            policy: LimitPolicy::Exact,
             tenancy: Tenancy::Shared,
             default_limits: None,
             ceiling: None,
@@ -466,6 +468,20 @@ mod tests {
             .to_string();
         assert!(e.contains("unix socket address"), "{e}");
         assert!(parse(&format!("root = \"/{}\"", "r".repeat(MAX_ROOT_LEN - 1))).is_ok());
+    }
+
+    #[test]
+    fn the_shipped_config_parses_and_matches_the_defaults_it_documents() {
+        let c = parse(include_str!("../../packaging/config.toml")).unwrap();
+        assert_eq!(c.policy, LimitPolicy::Exact);
+        assert_eq!(c.policy, NodeConfig::default().policy);
+        assert_eq!(
+            (c.gate_handshake_timeout_seconds, c.gate_queue_timeout_seconds),
+            (
+                NodeConfig::default().gate_handshake_timeout_seconds,
+                NodeConfig::default().gate_queue_timeout_seconds
+            )
+        );
     }
 
     #[test]

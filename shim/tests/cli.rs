@@ -42,8 +42,10 @@ struct Fixture {
 
 impl Fixture {
     /// A node with the golden inventory and a bundle holding golden case `case`'s input.
+    /// Under policy uniform, so that the container sees its daemon's pipe dir; the exact
+    /// tests pass their own `[limits]`.
     fn new(case: &str) -> Self {
-        Self::with_config(case, "")
+        Self::with_config(case, "[limits]\npolicy = \"uniform\"\n")
     }
 
     fn with_config(case: &str, extra_config: &str) -> Self {

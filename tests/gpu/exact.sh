@@ -13,6 +13,7 @@
 #    down, and processes and pods started after
 # X5 exact, uniform and ceiling on one mixed workload (10/20/30/40 %)
 # X6 48 containers with 48 different memory limits at once
+# X7 limits under stress: CUDA graphs with allocation nodes under and over a container's limit
 # EXACT_PARTS="X1 X6" runs only those parts (default: all).
 # Never changes compute mode, clocks, MIG or persistence; quits every MPS daemon it started.
 set -uo pipefail
@@ -181,6 +182,19 @@ SETS=$(grep -c 'server limits set and read back' "$D/manager-scale.log")
 row X6.gate INFO "gate lock under the 48-class burst (manager log)" "$GATE; limit changes=$SETS"
 fi
 
+
+if want X7; then
+log "X7: CUDA graphs under a 4Gi / 25 % limit (allocation node, page-writing kernel, free node; 3 launches)"
+stop_manager; write_config exact; start_manager graphs || exit 1
+for mib in 3000 5000; do
+    run_ctr "graph$mib" gpu-mps 4Gi 25 -- "$BENCH" graph --mib "$mib" --tag "graph$mib"
+done
+g3=$(last_json "$D/graph3000.out"); g5=$(last_json "$D/graph5000.out")
+gf() { echo "ok=$(jget "$1" "d['ok']") sms=$(jget "$1" "d['sms']") stage=$(jget "$1" "d['stage']") launched=$(jget "$1" "d['launched']") error=$(jget "$1" "d['error']")"; }
+check X7.graphs "a graph allocating 3000 MiB runs 3 times in a 4Gi container; one allocating 5000 MiB fails" \
+    "3000: $(gf "$g3") | 5000: $(gf "$g5")" \
+    '[ "$(jget "$g3" "d[\"ok\"]")" = True ] && [ "$(jget "$g3" "d[\"launched\"]")" = 3 ] && [ "$(jget "$g5" "d[\"ok\"]")" = False ]'
+fi
 
 echo
 echo "=== exact results ($(grep -c PASS "$RESULTS") PASS, $(grep -c FAIL "$RESULTS") FAIL)"

@@ -15,6 +15,10 @@
 //       Runs kernels for S seconds, reporting every kernel error it sees (for fault neighbours).
 //   mps-bench async-pool --mib M
 //       cudaMallocAsync of M MiB from the default pool: does the MPS limit hold for pools?
+//   mps-bench graph --mib M
+//       A CUDA graph captured from a stream: an allocation node of M MiB, a kernel that writes
+//       every page of it, a free node; instantiated and launched 3 times. Does the MPS limit hold
+//       for graph memory, and at which stage does it fail?
 #include <cublas_v2.h>
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
@@ -48,6 +52,11 @@ __global__ void spin(float *out, int iters) {
     float x = threadIdx.x * 0.001f;
     for (int i = 0; i < iters; i++) x = x * 0.999f + 0.001f;
     if (x == 12345.0f) out[0] = x;
+}
+__global__ void touch_pages(char *p, size_t bytes) {
+    for (size_t i = (blockIdx.x * (size_t)blockDim.x + threadIdx.x) * 4096; i < bytes;
+         i += (size_t)gridDim.x * blockDim.x * 4096)
+        p[i] = 1;
 }
 __global__ void poison(int *p) { p[threadIdx.x * 1000003LL] = 1; }
 __global__ void init_bf16(__nv_bfloat16 *p, size_t n, unsigned seed) {
@@ -202,6 +211,41 @@ int main(int argc, char **argv) {
         printf("{\"tag\":\"%s\",\"ok\":%s,\"mib\":%ld,\"malloc_async\":\"%s\",\"sync\":\"%s\"}\n", tag,
                e == cudaSuccess && se == cudaSuccess ? "true" : "false", mib, cudaGetErrorString(e),
                cudaGetErrorString(se));
+        return 0;
+    }
+    if (mode == "graph") {
+        long mib = atol(arg(argc, argv, "--mib", "1024"));
+        size_t bytes = (size_t)mib << 20;
+        cudaStream_t s;
+        cudaStreamCreate(&s);
+        int nsm = sms_now();  // before the capture: only stream work belongs in it
+        const char *stage = "capture";
+        cudaGraph_t g = nullptr;
+        cudaGraphExec_t ge = nullptr;
+        void *p = nullptr;
+        cudaError_t e = cudaStreamBeginCapture(s, cudaStreamCaptureModeGlobal);
+        if (e == cudaSuccess) e = cudaMallocAsync(&p, bytes, s);
+        if (e == cudaSuccess) {
+            touch_pages<<<nsm * 4, 256, 0, s>>>((char *)p, bytes);
+            e = cudaGetLastError();
+        }
+        if (e == cudaSuccess) e = cudaFreeAsync(p, s);
+        cudaError_t end = cudaStreamEndCapture(s, &g);
+        if (e == cudaSuccess) e = end;
+        if (e == cudaSuccess) {
+            stage = "instantiate";
+            e = cudaGraphInstantiate(&ge, g, 0);
+        }
+        int launched = 0;
+        for (int i = 0; i < 3 && e == cudaSuccess; i++) {
+            stage = "launch";
+            e = cudaGraphLaunch(ge, s);
+            if (e == cudaSuccess) e = cudaStreamSynchronize(s);
+            if (e == cudaSuccess) launched++;
+        }
+        printf("{\"tag\":\"%s\",\"ok\":%s,\"sms\":%d,\"mib\":%ld,\"stage\":\"%s\",\"launched\":%d,\"error\":\"%s\"}\n",
+               tag, e == cudaSuccess ? "true" : "false", nsm, mib, e == cudaSuccess ? "done" : stage,
+               launched, cudaGetErrorString(e));
         return 0;
     }
     fprintf(stderr, "mps-bench: unknown mode %s\n", mode.c_str());
