@@ -96,6 +96,9 @@ pub struct ManagerCore {
 const ADMISSION_ABANDON_GRACE: std::time::Duration = std::time::Duration::from_millis(500);
 /// How long after a class took a server's lock more containers of that class may join it.
 const ADMISSION_JOIN_WINDOW: std::time::Duration = std::time::Duration::from_secs(2);
+/// How long the clients of a class may come back for their next connection without queueing:
+/// a client's three connections take milliseconds (44 ms the longest gap measured).
+const ADMISSION_SESSION_CAP: std::time::Duration = std::time::Duration::from_secs(10);
 
 fn gate_timings(config: &NodeConfig) -> GateTimings {
     GateTimings {
@@ -103,6 +106,7 @@ fn gate_timings(config: &NodeConfig) -> GateTimings {
         admission: AdmissionTimings {
             queue_timeout: std::time::Duration::from_secs(config.gate_queue_timeout_seconds),
             join_window: ADMISSION_JOIN_WINDOW,
+            session_cap: ADMISSION_SESSION_CAP,
             abandon_grace: ADMISSION_ABANDON_GRACE,
         },
     }
@@ -161,9 +165,9 @@ impl ManagerCore {
         state.save(&config.state_path())?;
         let policy = AdmissionPolicy::from(&config);
         let gates = Gates::new(control.clone(), gate_timings(&config));
-        if config.policy == LimitPolicy::Exact {
-            reopen_gates(&config, &state, &gates);
-        }
+        // Under any policy: pods started under `exact` before a policy change still see only
+        // their gate, and must keep being served until they are gone.
+        reopen_gates(&config, &state, &gates);
         let server_logs = state
             .daemons
             .iter()
@@ -364,7 +368,8 @@ impl ManagerCore {
         let started = std::time::Instant::now();
         let mut inner = self.inner.lock().await;
         if let Ok(id) = ContainerId::parse(container_id) {
-            self.gates.close(&id);
+            // Also when no gate is open: the shim made the dir, and the Acquire may have failed.
+            self.gates.close(&id, &self.config.gate_dir(&id));
         }
         let Some(lease) = inner.state.leases.remove(container_id) else {
             return Ok(false);
@@ -438,7 +443,7 @@ impl ManagerCore {
             warn!(container = %lease.container_id, pod = %lease.pod, namespace = %lease.namespace, "container process is gone without a release (poststop hook missed?); lease dropped");
             inner.state.leases.remove(&lease.container_id);
             if let Ok(id) = ContainerId::parse(&lease.container_id) {
-                self.gates.close(&id);
+                self.gates.close(&id, &self.config.gate_dir(&id));
             }
             mark_idle_if_unused(&mut inner.state, &lease.key);
             changed = true;
@@ -639,8 +644,8 @@ fn gate_target(config: &NodeConfig, id: &ContainerId, lease: &LeaseRecord) -> Ga
     }
 }
 
-/// After a restart under policy `exact`: serve the gates of the adopted leases again (the
-/// socket is replaced in place), and remove gate dirs no lease owns.
+/// After a restart: serve the gates of the adopted leases again (the socket is replaced in
+/// place), and remove gate dirs no lease owns that a previous manager served.
 fn reopen_gates(config: &NodeConfig, state: &State, gates: &Gates) {
     let kept: std::collections::HashSet<String> = state
         .leases

@@ -661,9 +661,14 @@ async fn exact_serves_a_gate_per_container_and_leaves_the_limits_to_it() {
     assert!(m.release("c-small").await.unwrap());
     assert!(!gate("c-small").exists(), "a released container's gate dir stays");
 
-    // A restarted manager serves the remaining lease's gate again and removes a stray gate dir.
+    // A restarted manager serves the remaining lease's gate again, removes a gate dir a previous
+    // manager served for a container now gone, and keeps the fresh, empty dir of a container
+    // whose Acquire is still to come (runc has mounted it already).
     let stray = e.config.gates_root().join("0123456789abcdef");
     std::fs::create_dir_all(&stray).unwrap();
+    std::fs::write(stray.join("control"), "").unwrap();
+    let pending = e.config.gates_root().join("fedcba9876543210");
+    std::fs::create_dir_all(&pending).unwrap();
     let before = std::fs::metadata(gate("c-large").join("control")).unwrap();
     m.shutdown().await;
     drop(m);
@@ -674,6 +679,10 @@ async fn exact_serves_a_gate_per_container_and_leaves_the_limits_to_it() {
         std::os::unix::fs::MetadataExt::ino(&after),
         "the gate socket was not bound again"
     );
-    assert!(!stray.exists(), "a gate dir of no lease was left");
+    assert!(!stray.exists(), "a served gate dir of no lease was left");
+    assert!(
+        pending.is_dir(),
+        "the gate dir of a container being created was removed"
+    );
     assert_eq!(m.status().await.leases.len(), 1);
 }

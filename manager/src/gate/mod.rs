@@ -60,7 +60,6 @@ pub struct GateTarget {
 }
 
 struct OpenGate {
-    dir: PathBuf,
     task: JoinHandle<()>,
 }
 
@@ -98,36 +97,37 @@ impl Gates {
             .and_then(seqpacket::watch)
             .map_err(open_err)?;
         let admission = self.admission_of(&target.daemon);
-        let dir = target.gate_dir.clone();
         let container = target.container.clone();
-        info!(container = %container, owner = %target.owner, daemon = %target.daemon, limits = %target.limits, gate = %dir.display(), "gate open");
+        info!(container = %container, owner = %target.owner, daemon = %target.daemon, limits = %target.limits, gate = %target.gate_dir.display(), "gate open");
         let task = tokio::spawn(serve_gate(
             listener,
             Arc::new(target),
             admission,
             self.control.clone(),
-            self.timings.handshake_timeout,
+            self.timings,
         ));
-        if let Some(old) = lock(&self.open).insert(container, OpenGate { dir, task }) {
+        if let Some(old) = lock(&self.open).insert(container, OpenGate { task }) {
             old.task.abort();
         }
         Ok(())
     }
 
-    /// Stops serving the container's gate and removes its dir. True if it was open.
-    pub fn close(&self, container: &ContainerId) -> bool {
-        let Some(gate) = lock(&self.open).remove(container) else {
-            return false;
-        };
-        gate.task.abort();
-        remove_gate_dir(&gate.dir);
-        info!(container = %container, "gate closed");
-        true
+    /// Stops serving the container's gate, if it has one, and removes its dir `dir` (which the
+    /// shim created even when the Acquire then failed). True if a gate was open.
+    pub fn close(&self, container: &ContainerId, dir: &Path) -> bool {
+        let open = lock(&self.open).remove(container);
+        if let Some(gate) = &open {
+            gate.task.abort();
+            info!(container = %container, "gate closed");
+        }
+        remove_gate_dir(dir);
+        open.is_some()
     }
 
     /// Stops every gate's task but leaves the sockets in place: a manager that stops with
-    /// leases is replaced by one that re-opens them (a client that connects in between gets
-    /// "connection refused", never a direct context).
+    /// leases is replaced by one that re-opens them. A CUDA process that connects in between is
+    /// refused, and then opens a direct context in Default compute mode (measured); under
+    /// EXCLUSIVE_PROCESS that context fails instead.
     pub fn stop_serving(&self) {
         for (_, gate) in lock(&self.open).drain() {
             gate.task.abort();
@@ -148,7 +148,7 @@ impl Gates {
     fn admission_of(&self, daemon: &DaemonKey) -> Arc<ServerAdmission> {
         lock(&self.servers)
             .entry(daemon.dir_name())
-            .or_insert_with(|| Arc::new(ServerAdmission::new(self.timings.admission)))
+            .or_insert_with(|| Arc::new(ServerAdmission::new(daemon.to_string(), self.timings.admission)))
             .clone()
     }
 }
@@ -159,15 +159,29 @@ impl Drop for Gates {
     }
 }
 
+/// How long a gate dir without a socket may wait for its Acquire: the shim makes it before runc
+/// creates the container, and the hook retries Acquire while a manager restarts. Far longer than
+/// a hook's timeout.
+const UNSERVED_GATE_DIR_AGE: Duration = Duration::from_secs(600);
+
 /// Removes gate dirs under `gates_root` whose container `keep` does not know: left behind by a
-/// manager that stopped before their containers' release.
+/// manager that stopped before their containers' release. A dir without a socket is a container
+/// whose Acquire has not happened yet (it is mounted already: removing it would leave the
+/// container an empty dir forever), unless it is older than any create can take.
 pub fn remove_stale_gate_dirs(gates_root: &Path, keep: impl Fn(&str) -> bool) {
     let Ok(entries) = std::fs::read_dir(gates_root) else {
         return;
     };
     for entry in entries.flatten() {
         let name = entry.file_name().to_string_lossy().into_owned();
-        if !keep(&name) {
+        let served_before = entry.path().join(mps_control::CONTROL_SOCKET).exists();
+        let old = entry
+            .metadata()
+            .and_then(|m| m.modified())
+            .ok()
+            .and_then(|t| t.elapsed().ok())
+            .is_some_and(|age| age > UNSERVED_GATE_DIR_AGE);
+        if !keep(&name) && (served_before || old) {
             warn!(gate = %entry.path().display(), "gate dir of no lease removed");
             remove_gate_dir(&entry.path());
         }
@@ -187,7 +201,7 @@ async fn serve_gate(
     target: Arc<GateTarget>,
     admission: Arc<ServerAdmission>,
     control: Arc<dyn MpsControl>,
-    handshake_timeout: Duration,
+    timings: GateTimings,
 ) {
     // Dropping this task (gate closed) drops the set, which aborts the connections in flight.
     let mut connections = JoinSet::new();
@@ -200,7 +214,7 @@ async fn serve_gate(
                         target.clone(),
                         admission.clone(),
                         control.clone(),
-                        handshake_timeout,
+                        timings,
                     ));
                 }
                 Err(e) => {
@@ -269,14 +283,20 @@ async fn admit_once(
         Err(EnterError::Apply(e)) => return Err(format!("setting the server's limits failed: {e}")),
     };
     let upstream_path = target.daemon_pipe_dir.join(mps_control::CONTROL_SOCKET);
-    let upstream = seqpacket::connect(&upstream_path)
+    let unanswered = |e: std::io::Error| {
+        format!(
+            "the MPS control daemon at {} does not answer: {e}",
+            upstream_path.display()
+        )
+    };
+    // A unix connect blocks while the daemon's backlog is full (it serves one connection at a
+    // time): not on a runtime thread.
+    let path = upstream_path.clone();
+    let upstream = tokio::task::spawn_blocking(move || seqpacket::connect(&path))
+        .await
+        .map_err(|e| unanswered(std::io::Error::other(e)))?
         .and_then(seqpacket::watch)
-        .map_err(|e| {
-            format!(
-                "the MPS control daemon at {} does not answer: {e}",
-                upstream_path.display()
-            )
-        })?;
+        .map_err(unanswered)?;
     Ok((ticket, upstream))
 }
 
@@ -308,7 +328,7 @@ async fn admit_connection(
     target: Arc<GateTarget>,
     admission: Arc<ServerAdmission>,
     control: Arc<dyn MpsControl>,
-    handshake_timeout: Duration,
+    timings: GateTimings,
 ) {
     let started = std::time::Instant::now();
     let peer = match seqpacket::peer_credentials(&stream) {
@@ -332,7 +352,14 @@ async fn admit_connection(
     // measured), so the gate retries until it can admit it, or the client leaves.
     let mut backoff = ADMISSION_RETRY_FIRST;
     let (mut ticket, upstream) = loop {
-        match admit_once(&target, &admission, &control, client_pid).await {
+        let attempt = tokio::select! {
+            attempt = admit_once(&target, &admission, &control, client_pid) => attempt,
+            () = client_left(&client) => {
+                debug!(container = %target.container, client_pid, "gate: the client left while it waited for the server");
+                return;
+            }
+        };
+        match attempt {
             Ok(admitted) => break admitted,
             Err(why) => {
                 error!(container = %target.container, owner = %target.owner, client_pid, daemon = %target.daemon, retry_in_ms = backoff.as_millis() as u64, "gate: cannot admit the client yet: {why}; it is kept waiting (closing would let CUDA fall back to a direct context)");
@@ -348,34 +375,75 @@ async fn admit_connection(
         backoff = (backoff * 2).min(ADMISSION_RETRY_MAX);
     };
     let mut counts = RelayCounts::default();
-    let outcome = tokio::time::timeout(
-        handshake_timeout,
-        relay(
-            &client,
-            &upstream,
-            peer,
-            &mut counts,
-            &target.container,
-            client_pid,
-        ),
+    let end = relay(
+        &client,
+        &upstream,
+        peer,
+        &mut counts,
+        &target.container,
+        client_pid,
+        RelayLimits {
+            before_hello: timings.admission.queue_timeout,
+            handshake: timings.handshake_timeout,
+        },
     )
     .await;
+    // The daemon is free again as soon as its end is closed.
+    drop(upstream);
     let held_ms = started.elapsed().as_millis() as u64;
-    if counts.fds_to_client > 0 {
+    let admitted = counts.fds_to_client > 0;
+    if admitted {
         ticket.mark_admitted();
     }
-    match outcome {
-        Ok(Ok(())) => {
-            debug!(container = %target.container, client_pid, waited_ms = ticket.waited.as_millis() as u64, limits_set = ticket.applied_limits, held_ms, to_daemon = counts.to_daemon, to_client = counts.to_client, fds_to_client = counts.fds_to_client, "gate: control connection done")
-        }
-        Ok(Err(e)) => {
-            warn!(container = %target.container, client_pid, held_ms, error = %e, to_daemon = counts.to_daemon, to_client = counts.to_client, "gate: relay failed; connection closed")
-        }
-        Err(_) => {
-            warn!(container = %target.container, owner = %target.owner, client_pid, daemon = %target.daemon, timeout_s = handshake_timeout.as_secs_f64(), to_daemon = counts.to_daemon, to_client = counts.to_client, "gate: control connection still open after the handshake timeout; cut, and the server's lock released")
+    let (waited_ms, limits_set) = (ticket.waited.as_millis() as u64, ticket.applied_limits);
+    drop(ticket);
+    if matches!(end, RelayEnd::ClientClosed) || admitted {
+        debug!(container = %target.container, client_pid, waited_ms, limits_set, held_ms, to_daemon = counts.to_daemon, to_client = counts.to_client, fds_to_client = counts.fds_to_client, end = %end, "gate: control connection done");
+        return;
+    }
+    // Not admitted, and the client did not close: closing now would let CUDA open a direct
+    // context with the whole GPU (measured). Keep its connection until it leaves; the daemon
+    // and the server's lock are already free.
+    warn!(container = %target.container, owner = %target.owner, client_pid, daemon = %target.daemon, held_ms, to_daemon = counts.to_daemon, to_client = counts.to_client, end = %end, "gate: the handshake did not complete; the daemon is freed, and the client's connection is kept open, unanswered, until it leaves (closing it would let CUDA fall back to a direct context)");
+    client_left(&client).await;
+    debug!(container = %target.container, client_pid, "gate: an unanswered client left");
+}
+
+/// How long a relayed connection may take.
+#[derive(Debug, Clone, Copy)]
+struct RelayLimits {
+    /// Until the daemon's first message: the connection waits in the daemon's backlog while it
+    /// serves others, which holds up no one.
+    before_hello: Duration,
+    /// From the daemon's first message: the daemon serves this connection only, so a stall here
+    /// holds up every pod on the GPU.
+    handshake: Duration,
+}
+
+/// Why a relay ended.
+#[derive(Debug)]
+enum RelayEnd {
+    ClientClosed,
+    DaemonClosed,
+    NoHello(Duration),
+    HandshakeTimeout(Duration),
+    Failed(std::io::Error),
+}
+
+impl std::fmt::Display for RelayEnd {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            RelayEnd::ClientClosed => f.write_str("the client closed it"),
+            RelayEnd::DaemonClosed => f.write_str("the daemon closed it"),
+            RelayEnd::NoHello(d) => write!(f, "the daemon did not get to it within {} s", d.as_secs()),
+            RelayEnd::HandshakeTimeout(d) => write!(
+                f,
+                "still open {} s after the daemon's hello (handshake timeout)",
+                d.as_secs()
+            ),
+            RelayEnd::Failed(e) => write!(f, "relay failed: {e}"),
         }
     }
-    drop(ticket);
 }
 
 async fn relay(
@@ -385,33 +453,51 @@ async fn relay(
     counts: &mut RelayCounts,
     container: &ContainerId,
     client_pid: i32,
-) -> std::io::Result<()> {
+    limits: RelayLimits,
+) -> RelayEnd {
+    let mut deadline = tokio::time::Instant::now() + limits.before_hello;
     loop {
         // Only readiness is awaited in the select: the message itself is moved in the branch,
         // which is never cancelled, so no message is lost between the two directions.
         tokio::select! {
             ready = client.readable() => {
-                drop(ready?);
-                match seqpacket::relay_one(client, daemon, Credentials::OfClient(peer)).await? {
-                    Step::Moved(m) => {
+                if let Err(e) = ready {
+                    return RelayEnd::Failed(e);
+                }
+                match seqpacket::relay_one(client, daemon, Credentials::OfClient(peer)).await {
+                    Ok(Step::Moved(m)) => {
                         counts.to_daemon += 1;
-                        trace!(container = %container, client_pid, bytes = m.bytes, fds = m.fds, credentials_pid = ?m.credentials_pid, "gate: client -> daemon");
+                        trace!(container = %container, client_pid, bytes = m.bytes, fds = m.fds, credentials_pid = ?m.credentials_pid, message_credentials_pid = ?m.message_credentials_pid, "gate: client -> daemon");
                     }
-                    Step::Ended => return Ok(()),
-                    Step::NotReady => {}
+                    Ok(Step::Ended) => return RelayEnd::ClientClosed,
+                    Ok(Step::NotReady) => {}
+                    Err(e) => return RelayEnd::Failed(e),
                 }
             }
             ready = daemon.readable() => {
-                drop(ready?);
-                match seqpacket::relay_one(daemon, client, Credentials::None).await? {
-                    Step::Moved(m) => {
+                if let Err(e) = ready {
+                    return RelayEnd::Failed(e);
+                }
+                match seqpacket::relay_one(daemon, client, Credentials::None).await {
+                    Ok(Step::Moved(m)) => {
+                        if counts.to_client == 0 {
+                            deadline = tokio::time::Instant::now() + limits.handshake;
+                        }
                         counts.to_client += 1;
                         counts.fds_to_client += m.fds;
                         trace!(container = %container, client_pid, bytes = m.bytes, fds = m.fds, "gate: daemon -> client");
                     }
-                    Step::Ended => return Ok(()),
-                    Step::NotReady => {}
+                    Ok(Step::Ended) => return RelayEnd::DaemonClosed,
+                    Ok(Step::NotReady) => {}
+                    Err(e) => return RelayEnd::Failed(e),
                 }
+            }
+            () = tokio::time::sleep_until(deadline) => {
+                return if counts.to_client == 0 {
+                    RelayEnd::NoHello(limits.before_hello)
+                } else {
+                    RelayEnd::HandshakeTimeout(limits.handshake)
+                };
             }
         }
     }

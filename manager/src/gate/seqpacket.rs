@@ -24,8 +24,9 @@ use tokio::io::unix::AsyncFd;
 /// Largest message relayed. MPS control messages are far smaller (docs/gpu-results.md
 /// section 5); a longer one is refused rather than cut.
 pub const MAX_MESSAGE: usize = 64 * 1024;
-/// Most descriptors one message may pass.
-const MAX_FDS: usize = 16;
+/// Most descriptors one message may pass: the kernel's SCM_MAX_FD, so that no message can have
+/// its descriptors cut off (a cut would leave them open in the manager, out of reach).
+const MAX_FDS: usize = 253;
 
 /// The socket a container connects to: bound under a temporary name and renamed over
 /// `<dir>/control`, so that a manager restart replaces the old socket without a moment in which
@@ -105,13 +106,16 @@ pub struct Relayed {
     pub fds: usize,
     /// The pid in the credentials forwarded with it, if any.
     pub credentials_pid: Option<i32>,
+    /// The pid in the credentials the message arrived with, if any.
+    pub message_credentials_pid: Option<i32>,
 }
 
 /// Which credentials go with a message to the other side.
 #[derive(Debug, Clone, Copy)]
 pub enum Credentials {
-    /// Toward the daemon: the client's, taken from the message or, if it carried none, from the
-    /// connection.
+    /// Toward the daemon: the client's, as the kernel recorded them when it connected
+    /// (SO_PEERCRED). Not those in the message: a privileged process could write any pid there,
+    /// and the manager sends them on as root.
     OfClient(UnixCredentials),
     /// Toward the client: none of the gate's own choosing (the kernel attaches the manager's,
     /// uid 0 like the daemon, if the client asks for them).
@@ -148,25 +152,34 @@ pub async fn relay_one(
         return Ok(Step::Ended);
     };
     let creds = match credentials {
-        Credentials::OfClient(peer) => Some(received.credentials.unwrap_or(peer)),
+        Credentials::OfClient(peer) => Some(peer),
         Credentials::None => None,
     };
-    let result = send(to, &buf[..received.bytes], &received.fds, creds.as_ref()).await;
-    for fd in &received.fds {
-        // Passed on (the receiver has its own copy) or not: ours are closed either way.
-        let _ = nix::unistd::close(*fd);
-    }
-    result?;
+    // Passed on (the receiver has its own copies) or not, ours are closed when `received`
+    // drops, also when this future is dropped while it waits to send.
+    send(to, &buf[..received.bytes], &received.fds.0, creds.as_ref()).await?;
     Ok(Step::Moved(Relayed {
         bytes: received.bytes,
-        fds: received.fds.len(),
+        fds: received.fds.0.len(),
         credentials_pid: creds.map(|c| c.pid()),
+        message_credentials_pid: received.credentials.map(|c| c.pid()),
     }))
+}
+
+/// Descriptors received with a message; closed on drop.
+struct ReceivedFds(Vec<RawFd>);
+
+impl Drop for ReceivedFds {
+    fn drop(&mut self) {
+        for fd in &self.0 {
+            let _ = nix::unistd::close(*fd);
+        }
+    }
 }
 
 struct Received {
     bytes: usize,
-    fds: Vec<RawFd>,
+    fds: ReceivedFds,
     credentials: Option<UnixCredentials>,
 }
 
@@ -179,25 +192,22 @@ fn receive(fd: RawFd, buf: &mut [u8]) -> io::Result<Option<Received>> {
         Some(&mut cmsg),
         MsgFlags::MSG_DONTWAIT | MsgFlags::MSG_CMSG_CLOEXEC,
     )?;
-    let mut fds = Vec::new();
+    let mut fds = ReceivedFds(Vec::new());
     let mut credentials = None;
     for c in msg.cmsgs()? {
         match c {
-            ControlMessageOwned::ScmRights(r) => fds.extend(r),
+            ControlMessageOwned::ScmRights(r) => fds.0.extend(r),
             ControlMessageOwned::ScmCredentials(c) => credentials = Some(c),
             _ => {}
         }
     }
     let (bytes, flags) = (msg.bytes, msg.flags);
     if flags.intersects(MsgFlags::MSG_TRUNC | MsgFlags::MSG_CTRUNC) {
-        for fd in fds {
-            let _ = nix::unistd::close(fd);
-        }
         return Err(io::Error::other(format!(
             "a message did not fit ({bytes} bytes read, flags {flags:?}; at most {MAX_MESSAGE} bytes and {MAX_FDS} descriptors)"
         )));
     }
-    if bytes == 0 && fds.is_empty() && credentials.is_none() {
+    if bytes == 0 && fds.0.is_empty() && credentials.is_none() {
         return Ok(None);
     }
     Ok(Some(Received {

@@ -39,6 +39,9 @@ pub struct AdmissionTimings {
     pub queue_timeout: Duration,
     /// How long after a class took the lock others of the same class may still join it.
     pub join_window: Duration,
+    /// How long a class's clients that already entered may come back for their next
+    /// connection; past it they queue like anyone, so no class can keep the lock.
+    pub session_cap: Duration,
     /// How long the lock waits, once no connection is open, for a client that entered but was
     /// not admitted to come back (between a client's connections: 0.2 to 44 ms measured); then
     /// the client is taken as gone (it died, or it only probed).
@@ -58,7 +61,11 @@ pub enum EnterError<E> {
 
 struct Session {
     limits: Limits,
+    /// The daemon the limits were set on: a restarted one starts from its defaults.
+    daemon_pid: u32,
     open: usize,
+    /// Connections closed so far: a grace timer only releases if none closed after it started.
+    closes: u64,
     /// Client pids that entered and are not admitted yet.
     pending: HashSet<i32>,
     admitted: HashSet<i32>,
@@ -75,6 +82,8 @@ struct SessionSlot {
 }
 
 pub struct ServerAdmission {
+    /// The daemon's name, for logs.
+    name: String,
     applied: Arc<Mutex<Option<Applied>>>,
     slot: Arc<StdMutex<SessionSlot>>,
     timings: AdmissionTimings,
@@ -83,6 +92,7 @@ pub struct ServerAdmission {
 /// One admitted connection. Dropping it leaves the class; the last one out releases the lock
 /// after the settle time.
 pub struct Ticket {
+    name: String,
     slot: Arc<StdMutex<SessionSlot>>,
     generation: u64,
     client_pid: i32,
@@ -95,8 +105,9 @@ pub struct Ticket {
 }
 
 impl ServerAdmission {
-    pub fn new(timings: AdmissionTimings) -> Self {
+    pub fn new(name: impl Into<String>, timings: AdmissionTimings) -> Self {
         ServerAdmission {
+            name: name.into(),
             applied: Arc::new(Mutex::new(None)),
             slot: Arc::new(StdMutex::new(SessionSlot::default())),
             timings,
@@ -123,7 +134,7 @@ impl ServerAdmission {
         Fut: Future<Output = Result<(), E>>,
     {
         let started = Instant::now();
-        if let Some(ticket) = self.join(limits, client_pid, started) {
+        if let Some(ticket) = self.join(limits, daemon_pid, client_pid, started) {
             return Ok(ticket);
         }
         let mut guard =
@@ -151,7 +162,9 @@ impl ServerAdmission {
         let generation = slot.generation;
         slot.session = Some(Session {
             limits,
+            daemon_pid,
             open: 1,
+            closes: 0,
             pending: HashSet::from([client_pid]),
             admitted: HashSet::new(),
             opened_at: Instant::now(),
@@ -159,6 +172,7 @@ impl ServerAdmission {
             _lock: guard,
         });
         Ok(Ticket {
+            name: self.name.clone(),
             slot: self.slot.clone(),
             generation,
             client_pid,
@@ -169,16 +183,22 @@ impl ServerAdmission {
         })
     }
 
-    fn join(&self, limits: Limits, client_pid: i32, started: Instant) -> Option<Ticket> {
+    fn join(&self, limits: Limits, daemon_pid: u32, client_pid: i32, started: Instant) -> Option<Ticket> {
         let mut slot = lock(&self.slot);
         let s = slot.session.as_mut()?;
-        if s.limits != limits {
+        if s.limits != limits || s.daemon_pid != daemon_pid {
             return None;
         }
-        // A client already in this session comes back for its next connection: always let it
-        // in (its own limits are set). Others only while the join window is open.
+        // A client already in this session comes back for its next connection: let it in (its
+        // own limits are set) until the session cap. Others only while the join window is open.
         let returning = s.pending.contains(&client_pid) || s.admitted.contains(&client_pid);
-        if !returning && s.opened_at.elapsed() > self.timings.join_window {
+        let age = s.opened_at.elapsed();
+        let window = if returning {
+            self.timings.session_cap
+        } else {
+            self.timings.join_window
+        };
+        if age > window {
             return None;
         }
         s.open += 1;
@@ -186,6 +206,7 @@ impl ServerAdmission {
             s.pending.insert(client_pid);
         }
         Some(Ticket {
+            name: self.name.clone(),
             slot: self.slot.clone(),
             generation: s.generation,
             client_pid,
@@ -212,6 +233,7 @@ impl Drop for Ticket {
             return;
         };
         s.open -= 1;
+        s.closes += 1;
         if self.admitted {
             s.pending.remove(&self.client_pid);
             s.admitted.insert(self.client_pid);
@@ -223,7 +245,9 @@ impl Drop for Ticket {
             slot.session = None;
             return;
         }
-        let (slot, generation, grace) = (self.slot.clone(), self.generation, self.abandon_grace);
+        let (slot, generation, grace, closes) =
+            (self.slot.clone(), self.generation, self.abandon_grace, s.closes);
+        let name = self.name.clone();
         // Outside a runtime (a test dropping a ticket) the lock is released at once.
         let Ok(runtime) = tokio::runtime::Handle::try_current() else {
             lock(&slot).session = None;
@@ -235,9 +259,9 @@ impl Drop for Ticket {
             if let Some(s) = slot
                 .session
                 .as_ref()
-                .filter(|s| s.generation == generation && s.open == 0)
+                .filter(|s| s.generation == generation && s.open == 0 && s.closes == closes)
             {
-                tracing::warn!(limits = %s.limits, client_pids = ?s.pending, grace_ms = grace.as_millis() as u64, "gate: a client entered but was not admitted and did not come back (it died, or only probed); the server's lock is released");
+                tracing::warn!(daemon = %name, limits = %s.limits, client_pids = ?s.pending, grace_ms = grace.as_millis() as u64, "gate: a client entered but was not admitted and did not come back (it died, or only probed); the server's lock goes to the next class");
                 slot.session = None;
             }
         });
@@ -267,11 +291,15 @@ mod tests {
     const GRACE: Duration = Duration::from_millis(500);
 
     fn admission() -> Arc<ServerAdmission> {
-        Arc::new(ServerAdmission::new(AdmissionTimings {
-            queue_timeout: Duration::from_secs(5),
-            join_window: Duration::from_secs(1),
-            abandon_grace: GRACE,
-        }))
+        Arc::new(ServerAdmission::new(
+            "GPU-test",
+            AdmissionTimings {
+                queue_timeout: Duration::from_secs(5),
+                join_window: Duration::from_secs(1),
+                session_cap: Duration::from_secs(3),
+                abandon_grace: GRACE,
+            },
+        ))
     }
 
     async fn ok(_: Option<Applied>) -> Result<(), String> {
@@ -420,5 +448,72 @@ mod tests {
         }
         held.into_iter().for_each(|t| done(t, true));
         b.await.unwrap();
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_restarted_daemon_is_never_joined_without_setting_its_limits() {
+        let a = admission();
+        let first = a.enter(A, 1, 100, ok).await.unwrap();
+        // Same class, but the daemon is a new process: wait for the lock, set the limits again.
+        let a2 = a.clone();
+        let second = tokio::spawn(async move { a2.enter(A, 2, 101, ok).await.map(|t| t.applied_limits) });
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        assert!(!second.is_finished(), "joined a session of another daemon");
+        done(first, true);
+        assert!(second.await.unwrap().unwrap());
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_client_that_keeps_coming_back_cannot_keep_the_lock() {
+        let a = admission();
+        let b = wait_for_b(&a);
+        // Pid 100 reconnects every 100 ms without ever being admitted.
+        let started = Instant::now();
+        let mut held = a.enter(A, 1, 100, ok).await.unwrap();
+        while !b.is_finished() && started.elapsed() < Duration::from_secs(20) {
+            tokio::time::sleep(Duration::from_millis(100)).await;
+            let a2 = a.clone();
+            let next =
+                tokio::time::timeout(
+                    Duration::from_millis(5),
+                    async move { a2.enter(A, 1, 100, ok).await },
+                )
+                .await;
+            drop(std::mem::replace(
+                &mut held,
+                match next {
+                    Ok(Ok(t)) => t,
+                    _ => break,
+                },
+            ));
+        }
+        drop(held);
+        let (_, at) = b.await.unwrap();
+        assert!(
+            at - started <= Duration::from_secs(4),
+            "class B waited {:?}",
+            at - started
+        );
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn the_grace_counts_from_the_last_close() {
+        let a = admission();
+        let b = wait_for_b(&a);
+        done(a.enter(A, 1, 100, ok).await.unwrap(), false);
+        tokio::time::sleep(GRACE - Duration::from_millis(100)).await;
+        // The client comes back just before the grace ends, and leaves again unadmitted.
+        let last_close = {
+            let t = a.enter(A, 1, 100, ok).await.unwrap();
+            tokio::time::sleep(Duration::from_millis(10)).await;
+            done(t, false);
+            Instant::now()
+        };
+        let (_, at) = b.await.unwrap();
+        assert!(
+            at - last_close >= GRACE,
+            "released {:?} after the last close",
+            at - last_close
+        );
     }
 }

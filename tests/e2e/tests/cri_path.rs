@@ -755,8 +755,9 @@ async fn exact_holds_each_container_to_its_own_limits(suite: Suite) -> Result<()
 }
 
 /// Policy exact: a process that connects to its gate and then says nothing holds the MPS control
-/// daemon (it serves one connection at a time, as the real one). The gate cuts it after the
-/// handshake timeout; a pod of another size queued behind it then starts with its own limits.
+/// daemon (it serves one connection at a time, as the real one). The gate frees the daemon after
+/// the handshake timeout (keeping the client's connection open, unanswered); a pod of another
+/// size queued behind it then starts with its own limits.
 async fn exact_a_stalled_client_is_cut_and_the_others_go_on(suite: Suite) -> Result<()> {
     let limits = LimitsConfig {
         gate_handshake_timeout_seconds: Some(2),
@@ -799,13 +800,17 @@ async fn exact_a_stalled_client_is_cut_and_the_others_go_on(suite: Suite) -> Res
         waited >= Duration::from_millis(1500),
         "pod B reached the daemon after {waited:?}, while a stalled connection held it"
     );
-    // The gate closed the stalled connection.
-    stalled.set_read_timeout(Some(Duration::from_secs(5)))?;
-    let n = std::io::Read::read(&mut &stalled, &mut hello)?;
-    ensure!(n == 0, "the stalled connection is still open");
+    // The gate freed the daemon but did not close the stalled client: a CUDA client whose
+    // connection is closed before it is admitted falls back to a direct context (measured).
+    stalled.set_read_timeout(Some(Duration::from_millis(500)))?;
+    let kept = std::io::Read::read(&mut &stalled, &mut hello);
+    ensure!(
+        matches!(&kept, Err(e) if e.kind() == std::io::ErrorKind::WouldBlock),
+        "the stalled connection should stay open and unanswered, got {kept:?}"
+    );
     let log = node.manager.log_tail(200);
     ensure!(
-        log.contains("still open after the handshake timeout"),
+        log.contains("handshake did not complete") && log.contains("handshake timeout"),
         "the manager did not log the cut: {log}"
     );
     println!("a stalled connection held the daemon; pod B started {waited:?} after it, with its own limits");
