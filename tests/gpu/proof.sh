@@ -6,7 +6,8 @@
 #   bash tests/gpu/proof.sh      # there, as root, from the repo root; results under $OUT
 #
 # Every figure is a row of $OUT/results.tsv; per-container outputs and logs are in
-# $OUT/artifacts.tar.xz. Policy `exact` (Q7, Q8) is not measured here: it is not built yet.
+# $OUT/artifacts.tar.xz. Policy `exact` (Q7) is measured by tests/gpu/exact.sh; this script runs
+# under `uniform`, as when its figures were taken.
 set -uo pipefail
 OUT=${OUT:-/tmp/gpu-mps-out}
 mkdir -p "$OUT"
