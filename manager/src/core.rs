@@ -660,8 +660,11 @@ fn reopen_gates(config: &NodeConfig, state: &State, gates: &Gates) {
         };
         let target = gate_target(config, &id, lease);
         if !target.gate_dir.is_dir() {
-            // Started under another policy: it reaches the daemon's pipe dir directly.
-            warn!(container = %id, "adopted lease has no gate dir (started under another policy?); not gated");
+            // Started under another policy: it reaches the daemon's pipe dir directly, and
+            // sees whatever limits the server holds for the gated pods.
+            if config.policy == LimitPolicy::Exact {
+                warn!(container = %id, "adopted lease has no gate dir (started under another policy); its CUDA processes are not held to its own limits until it is restarted");
+            }
             continue;
         }
         if let Err(e) = gates.open(target) {
