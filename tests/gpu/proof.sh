@@ -19,31 +19,12 @@ SECONDS_PER_RUN=${SECONDS_PER_RUN:-4}
 
 # field <container-name> <python expr on d>
 field() { jget "$(last_json "$D/$1.out")" "$2"; }
-# burst <label> <count> <runc|gpu-mps> <mem> <threads> <mps-bench args...>: <count> containers
-# started together (a shared --start-at), waited for; prints "total_it_s p50_ms p99_ms ok_count".
+# burst <label> <count> <runc|gpu-mps> <mem> <threads> <mps-bench args...>: <count> containers of
+# one size started together; burst_mixed (lib.sh) runs them and prints "total_it_s p50_ms p99_ms
+# ok_count".
 burst() {
     local label=$1 count=$2 rt=$3 mem=$4 thr=$5; shift 5
-    local at pids=()
-    at=$(python3 -c 'import time; print(f"{time.time() + 4:.3f}")')
-    for i in $(seq "$count"); do
-        run_ctr "$label-$i" "$rt" "$mem" "$thr" -- "$BENCH" "$@" --start-at "$at" --tag "$label-$i" &
-        pids+=($!)
-    done
-    wait "${pids[@]}"
-    python3 - "$D" "$label" "$count" <<'EOF'
-import json, statistics, sys
-d, label, n = sys.argv[1], sys.argv[2], int(sys.argv[3])
-rows = []
-for i in range(1, n + 1):
-    try:
-        rows.append(json.loads([l for l in open(f"{d}/{label}-{i}.out") if l.startswith("{")][-1]))
-    except Exception:
-        pass
-ok = [r for r in rows if r.get("ok")]
-p50 = statistics.median(r["p50_ms"] for r in ok) if ok else 0
-p99 = max((r["p99_ms"] for r in ok), default=0)
-print(f"{sum(r['it_per_s'] for r in ok):.0f} {p50:.3f} {p99:.3f} {len(ok)}")
-EOF
+    burst_mixed "$label" "$rt" "$(for _ in $(seq "$count"); do printf '%s:%s ' "$mem" "$thr"; done)" "$@"
 }
 
 # ---------------------------------------------------------------------------------------

@@ -139,19 +139,7 @@ fn wait_for(mut cond: impl FnMut() -> bool) -> Result<(), ()> {
 /// channel the daemon passed (the client is listed until it is dropped) and its one-line answer
 /// (empty when it closed the connection instead).
 fn cuda_client(pipe: &Path, hello: &str) -> (Option<UnixStream>, String) {
-    let fd = socket::socket(
-        AddressFamily::Unix,
-        SockType::SeqPacket,
-        SockFlag::SOCK_CLOEXEC,
-        None,
-    )
-    .expect("socket");
-    socket::connect(
-        fd.as_raw_fd(),
-        &UnixAddr::new(&pipe.join("control")).expect("addr"),
-    )
-    .expect("connect");
-    let stream = UnixStream::from(fd);
+    let stream = connect_control(pipe);
     let mut buf = [0u8; 4096];
     let n = std::io::Read::read(&mut &stream, &mut buf).expect("hello");
     assert_eq!(&buf[..n], b"HELLO", "the daemon speaks first");
@@ -177,6 +165,23 @@ fn cuda_client(pipe: &Path, hello: &str) -> (Option<UnixStream>, String) {
     }
     let n = msg.bytes;
     (channel, String::from_utf8_lossy(&buf[..n]).into_owned())
+}
+
+/// A SOCK_SEQPACKET connection to `<pipe>/control`.
+fn connect_control(pipe: &Path) -> UnixStream {
+    let fd = socket::socket(
+        AddressFamily::Unix,
+        SockType::SeqPacket,
+        SockFlag::SOCK_CLOEXEC,
+        None,
+    )
+    .expect("socket");
+    socket::connect(
+        fd.as_raw_fd(),
+        &UnixAddr::new(&pipe.join("control")).expect("addr"),
+    )
+    .expect("connect");
+    UnixStream::from(fd)
 }
 
 /// Owns a descriptor received over SCM_RIGHTS.
@@ -497,19 +502,7 @@ fn one_connection_at_a_time_like_the_real_daemon() {
     // Measured on the H200: a connection that has its hello and says nothing keeps every
     // command waiting until it closes (gpu-mps's gate must never set limits while it relays).
     let d = Daemon::start("GPU-aaaa");
-    let fd = socket::socket(
-        AddressFamily::Unix,
-        SockType::SeqPacket,
-        SockFlag::SOCK_CLOEXEC,
-        None,
-    )
-    .expect("socket");
-    socket::connect(
-        fd.as_raw_fd(),
-        &UnixAddr::new(&d.pipe.join("control")).expect("addr"),
-    )
-    .expect("connect");
-    let stalled = UnixStream::from(fd);
+    let stalled = connect_control(&d.pipe);
     let mut buf = [0u8; 16];
     assert_eq!(std::io::Read::read(&mut &stalled, &mut buf).expect("hello"), 5);
     let pipe = d.pipe.clone();
