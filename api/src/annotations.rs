@@ -4,6 +4,10 @@
 pub const MEMORY_LIMIT: &str = "gpu-mps.io/memory-limit";
 /// Pod- or container-level: share of the GPU's SMs, 1 to 100.
 pub const ACTIVE_THREAD_PERCENTAGE: &str = "gpu-mps.io/active-thread-percentage";
+/// Pod- or container-level: how many CUDA processes the container runs on the GPU (1 to 48).
+/// Its memory limit is their total, split evenly; a process beyond the number is refused
+/// (docs/adr/0006).
+pub const CUDA_PROCESSES: &str = "gpu-mps.io/cuda-processes";
 /// Written by the shim: which daemon serves the container (for debugging).
 pub const DAEMON: &str = "gpu-mps.io/daemon";
 /// Written by the shim: the limits it resolved, as `<memory>/<threads>%`.
@@ -30,7 +34,8 @@ pub const POD_ANNOTATION_PATTERNS: [&str; 2] = ["gpu-mps.io/*", "*.gpu-mps.io/*"
 /// reach runc unseen by the shim (and run without MPS).
 pub const CONTAINER_ANNOTATION_PATTERNS: [&str; 3] = ["gpu-mps.io/*", "*.gpu-mps.io/*", "cdi.k8s.io/*"];
 
-/// The container-level key for `base` (one of MEMORY_LIMIT, ACTIVE_THREAD_PERCENTAGE).
+/// The container-level key for `base` (one of MEMORY_LIMIT, ACTIVE_THREAD_PERCENTAGE,
+/// CUDA_PROCESSES).
 pub fn container_key(container_name: &str, base: &str) -> String {
     format!("{container_name}.{base}")
 }

@@ -18,6 +18,11 @@ pub struct AcquireArgs {
     pub namespace: String,
     pub pod: String,
     pub container_name: String,
+    /// CUDA processes the container may run; `limits.memory_bytes` is their total.
+    pub cuda_processes: u32,
+    /// The policy and config digest the shim laid the container out with.
+    pub policy: String,
+    pub config_digest: String,
 }
 
 impl AcquireArgs {
@@ -34,6 +39,9 @@ impl AcquireArgs {
             format!("--namespace={}", self.namespace),
             format!("--pod={}", self.pod),
             format!("--container-name={}", self.container_name),
+            format!("--cuda-processes={}", self.cuda_processes),
+            format!("--policy={}", self.policy),
+            format!("--config-digest={}", self.config_digest),
         ]
     }
 }

@@ -9,6 +9,7 @@ pub mod files;
 pub mod hook_invocation;
 pub mod inventory;
 pub mod limits;
+pub mod maxima;
 pub mod message;
 pub mod node_config;
 pub mod quantity;

@@ -19,6 +19,8 @@ pub enum LimitError {
     MemoryTooSmall { value: String },
     #[error("{value:?} is not an active thread percentage: expected a whole number from 1 to 100")]
     ThreadPercentage { value: String },
+    #[error("{value:?} is not a number of CUDA processes: expected a whole number from 1 to 48")]
+    CudaProcesses { value: String },
 }
 
 /// Per-CUDA-process limits: pinned device memory and the share of the GPU's SMs.
@@ -67,6 +69,35 @@ impl Limits {
     /// The memory limit rounded down to MiB, as it is really applied.
     pub fn effective_memory_bytes(&self) -> u64 {
         (self.memory_bytes >> 20) << 20
+    }
+
+    /// What each of a container's `processes` CUDA processes gets when these are the
+    /// container's limits: the memory split evenly (whole MiB, rounded down, so that the
+    /// processes together never exceed the container's limit), the thread share unchanged (it
+    /// is a cap on each process, not a reservation; docs/adr/0006).
+    pub fn per_process(&self, processes: u32) -> Limits {
+        let mib = (self.memory_bytes >> 20) / u64::from(processes.max(1));
+        Limits {
+            memory_bytes: mib << 20,
+            thread_percentage: self.thread_percentage,
+        }
+    }
+}
+
+/// How many CUDA processes one container may run at most on MPS: MPS serves 48 clients per GPU
+/// (Volta and newer, up to CUDA 13.0), and every process is one.
+pub const MAX_CUDA_PROCESSES: u32 = 48;
+
+/// `gpu-mps.io/cuda-processes`: a whole number from 1 to 48.
+pub fn parse_cuda_processes(value: &str) -> Result<u32, LimitError> {
+    let err = || LimitError::CudaProcesses {
+        value: value.to_string(),
+    };
+    let n: u32 = value.trim().parse().map_err(|_| err())?;
+    if (1..=MAX_CUDA_PROCESSES).contains(&n) {
+        Ok(n)
+    } else {
+        Err(err())
     }
 }
 
@@ -120,6 +151,37 @@ mod tests {
         };
         assert_eq!(decimal.mps_memory_value(), "3814M");
         assert_eq!(decimal.effective_memory_bytes(), 3814 << 20);
+    }
+
+    #[test]
+    fn per_process_limits_split_the_memory_and_keep_the_share() {
+        let l = Limits {
+            memory_bytes: 4 << 30,
+            thread_percentage: 25,
+        };
+        assert_eq!(l.per_process(1), l);
+        assert_eq!(l.per_process(0), l, "0 is taken as 1");
+        assert_eq!(
+            l.per_process(4),
+            Limits {
+                memory_bytes: 1 << 30,
+                thread_percentage: 25
+            }
+        );
+        // 4096 MiB / 3 = 1365.33: rounded down, 3 x 1365 MiB <= 4096 MiB.
+        let third = l.per_process(3);
+        assert_eq!(third.memory_bytes, 1365 << 20);
+        assert!(3 * third.memory_bytes <= l.memory_bytes);
+    }
+
+    #[test]
+    fn cuda_processes_is_1_to_48() {
+        assert_eq!(parse_cuda_processes("1"), Ok(1));
+        assert_eq!(parse_cuda_processes(" 48 "), Ok(48));
+        for bad in ["0", "49", "2.5", "-1", "", "many"] {
+            let e = parse_cuda_processes(bad).unwrap_err().to_string();
+            assert!(e.contains("1 to 48"), "{bad}: {e}");
+        }
     }
 
     #[test]

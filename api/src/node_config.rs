@@ -3,6 +3,7 @@
 //! Parsing is pure (`NodeConfig::from_toml`); the binaries read the file. Unknown keys are
 //! an error: a typo such as `polcy = "ceiling"` must not silently leave the node on `uniform`.
 
+use std::collections::BTreeMap;
 use std::fmt;
 use std::path::{Path, PathBuf};
 use std::str::FromStr;
@@ -10,7 +11,8 @@ use std::str::FromStr;
 use serde::{Deserialize, Serialize};
 use thiserror::Error;
 
-use crate::limits::{self, LimitError, Limits};
+use crate::limits::{self, LimitError, Limits, MAX_CUDA_PROCESSES};
+use crate::maxima::Maxima;
 
 pub const DEFAULT_CONFIG_PATH: &str = "/etc/gpu-mps/config.toml";
 /// Environment variable that points the shim, manager and CLI at another config file.
@@ -127,6 +129,22 @@ struct RawLimits {
     overcommit: Option<f64>,
     max_clients_per_gpu: Option<u32>,
     allow_overlapping_gpu_sets: Option<bool>,
+    default_cuda_processes: Option<u32>,
+    max_memory_limit: Option<String>,
+    max_active_thread_percentage: Option<u8>,
+    max_cuda_processes: Option<u32>,
+    #[serde(default)]
+    namespaces: BTreeMap<String, RawMaxima>,
+}
+
+/// `[limits.namespaces."<namespace>"]`: the maximums of one namespace; a key left out takes
+/// the node's.
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawMaxima {
+    max_memory_limit: Option<String>,
+    max_active_thread_percentage: Option<u8>,
+    max_cuda_processes: Option<u32>,
 }
 
 #[derive(Debug, Clone, Default, Deserialize)]
@@ -143,6 +161,8 @@ struct RawDaemon {
 struct RawGate {
     handshake_timeout_seconds: Option<u64>,
     queue_timeout_seconds: Option<u64>,
+    connections_per_container: Option<u32>,
+    max_connections: Option<u32>,
 }
 
 #[derive(Debug, Clone, Default, Deserialize)]
@@ -151,8 +171,10 @@ struct RawHook {
     timeout_seconds: Option<u64>,
 }
 
-/// The node's settings, validated, with defaults filled in.
-#[derive(Debug, Clone, PartialEq, Serialize)]
+/// The node's settings, validated, with defaults filled in. The manager publishes the config it
+/// runs with ([`PublishedConfig`]); the shim uses that one, so that both always agree.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
 pub struct NodeConfig {
     /// Host directory for daemons, state, inventory and the manager socket. Never
     /// /tmp/nvidia-mps: nvidia-container-toolkit bind-mounts that path into GPU containers.
@@ -165,6 +187,12 @@ pub struct NodeConfig {
     pub tenancy: Tenancy,
     /// Limits of a container that asks for none. `None`: such a container is refused.
     pub default_limits: Option<Limits>,
+    /// CUDA processes of a container that does not say (`gpu-mps.io/cuda-processes`).
+    pub default_cuda_processes: u32,
+    /// The most a container may ask for, under every policy.
+    pub maxima: Maxima,
+    /// Per-namespace maximums, each complete (keys left out in the file take the node's).
+    pub namespace_maxima: BTreeMap<String, Maxima>,
     /// Server limits under `policy = "ceiling"`.
     pub ceiling: Option<Limits>,
     pub overcommit: f64,
@@ -177,8 +205,14 @@ pub struct NodeConfig {
     pub hook_timeout_seconds: u64,
     /// Policy `exact`: longest a client's control connection may stay open through its gate.
     pub gate_handshake_timeout_seconds: u64,
-    /// Policy `exact`: longest a connection waits for the server's admission lock.
+    /// Longest a CUDA client waits for the server (limits set, daemon answering) before the
+    /// gate refuses it cleanly.
     pub gate_queue_timeout_seconds: u64,
+    /// Connections one container may have open at its gate at once; more wait in the listen
+    /// backlog, which costs the manager no descriptor.
+    pub gate_connections_per_container: u32,
+    /// Gate connections open at once on the whole node (a descriptor budget).
+    pub gate_max_connections: u32,
 }
 
 impl Default for NodeConfig {
@@ -191,6 +225,9 @@ impl Default for NodeConfig {
             policy: LimitPolicy::Exact,
             tenancy: Tenancy::Shared,
             default_limits: None,
+            default_cuda_processes: 1,
+            maxima: Maxima::default(),
+            namespace_maxima: BTreeMap::new(),
             ceiling: None,
             overcommit: 1.0,
             max_clients_per_gpu: MPS_MAX_CLIENTS_PER_GPU,
@@ -205,8 +242,15 @@ impl Default for NodeConfig {
             // to start (0.3 s measured), the others take milliseconds. The control daemon serves
             // one connection at a time, so a stalled one holds up every pod on the GPU this long.
             gate_handshake_timeout_seconds: 5,
-            // 48 clients queued behind each other, each holding the lock for one handshake.
+            // Measured (docs/gpu-results.md section 7): the daemon answers a client's request in
+            // 0.2-0.4 ms, or 150-250 ms when it starts the server for it. 48 clients queued
+            // behind each other with a limit change each take a few seconds.
             gate_queue_timeout_seconds: 30,
+            // A CUDA process uses one control connection at a time (three in a row), so a
+            // container of 4 processes starting at once never waits for its own.
+            gate_connections_per_container: 4,
+            // Far below the manager's raised descriptor limit (it asks for 65536).
+            gate_max_connections: 4096,
         }
     }
 }
@@ -381,6 +425,69 @@ impl NodeConfig {
             raw.gate.queue_timeout_seconds,
             d.gate_queue_timeout_seconds,
         )?;
+        let default_cuda_processes = l.default_cuda_processes.unwrap_or(d.default_cuda_processes);
+        if !(1..=MAX_CUDA_PROCESSES).contains(&default_cuda_processes) {
+            return Err(ConfigError::Invalid {
+                path: p,
+                key: "limits.default_cuda_processes",
+                message: format!(
+                    "{default_cuda_processes} is out of range: expected 1 to {MAX_CUDA_PROCESSES}"
+                ),
+            });
+        }
+        let node_maxima = raw_maxima(
+            &p,
+            "limits",
+            &RawMaxima {
+                max_memory_limit: l.max_memory_limit,
+                max_active_thread_percentage: l.max_active_thread_percentage,
+                max_cuda_processes: l.max_cuda_processes,
+            },
+            d.maxima,
+        )?;
+        let mut namespace_maxima = BTreeMap::new();
+        for (namespace, raw_ns) in &l.namespaces {
+            namespace_maxima.insert(
+                namespace.clone(),
+                raw_maxima(&p, "limits.namespaces.*", raw_ns, node_maxima)?,
+            );
+        }
+        if let Some(defaults) = default_limits {
+            node_maxima
+                .check(defaults, default_cuda_processes, "this node")
+                .map_err(|e| ConfigError::Invalid {
+                    path: p.clone(),
+                    key: "limits.default_*",
+                    message: format!("the node defaults break a node maximum: {e}"),
+                })?;
+        }
+        let gate_count =
+            |key: &'static str, value: Option<u32>, default: u32, range: std::ops::RangeInclusive<u32>| {
+                match value {
+                    Some(v) if !range.contains(&v) => Err(ConfigError::Invalid {
+                        path: p.clone(),
+                        key,
+                        message: format!(
+                            "{v} is out of range: expected {} to {}",
+                            range.start(),
+                            range.end()
+                        ),
+                    }),
+                    v => Ok(v.unwrap_or(default)),
+                }
+            };
+        let gate_connections_per_container = gate_count(
+            "gate.connections_per_container",
+            raw.gate.connections_per_container,
+            d.gate_connections_per_container,
+            1..=64,
+        )?;
+        let gate_max_connections = gate_count(
+            "gate.max_connections",
+            raw.gate.max_connections,
+            d.gate_max_connections,
+            16..=65536,
+        )?;
         Ok(NodeConfig {
             root,
             hook_path: raw.hook_path.unwrap_or(d.hook_path),
@@ -401,7 +508,34 @@ impl NodeConfig {
             hook_timeout_seconds: hook_timeout,
             gate_handshake_timeout_seconds,
             gate_queue_timeout_seconds,
+            gate_connections_per_container,
+            gate_max_connections,
+            default_cuda_processes,
+            maxima: node_maxima,
+            namespace_maxima,
         })
+    }
+
+    /// The maximums for a container of `namespace` and how to name them in a message.
+    pub fn maxima_for(&self, namespace: &str) -> (Maxima, String) {
+        match self.namespace_maxima.get(namespace) {
+            Some(m) => (*m, format!("namespace {namespace}")),
+            None => (self.maxima, "this node".to_string()),
+        }
+    }
+
+    /// A short digest of every setting: the shim passes the one it used to the manager, which
+    /// refuses a container laid out under another config than its own.
+    pub fn digest(&self) -> String {
+        use sha2::{Digest, Sha256};
+        let text = serde_json::to_vec(self).expect("the node config serializes");
+        let hash = Sha256::digest(&text);
+        hash.iter().take(8).map(|b| format!("{b:02x}")).collect()
+    }
+
+    /// Where the manager publishes the config it runs with.
+    pub fn published_path(&self) -> PathBuf {
+        self.root.join(PUBLISHED_CONFIG_FILE)
     }
 
     pub fn manager_socket(&self) -> PathBuf {
@@ -438,6 +572,111 @@ impl NodeConfig {
     /// Where the gate dirs live.
     pub fn gates_root(&self) -> PathBuf {
         self.root.join("gates")
+    }
+}
+
+/// The maximums of one `[limits]` or `[limits.namespaces."<ns>"]` table; keys left out take
+/// `inherited`.
+fn raw_maxima(
+    path: &str,
+    table: &'static str,
+    raw: &RawMaxima,
+    inherited: Maxima,
+) -> Result<Maxima, ConfigError> {
+    let key = |name: &'static str| -> &'static str {
+        match (table, name) {
+            ("limits", "memory") => "limits.max_memory_limit",
+            ("limits", "threads") => "limits.max_active_thread_percentage",
+            ("limits", _) => "limits.max_cuda_processes",
+            (_, "memory") => "limits.namespaces.*.max_memory_limit",
+            (_, "threads") => "limits.namespaces.*.max_active_thread_percentage",
+            _ => "limits.namespaces.*.max_cuda_processes",
+        }
+    };
+    let memory_bytes = match &raw.max_memory_limit {
+        Some(v) => Some(
+            limits::parse_memory_limit(v).map_err(|source| ConfigError::Limit {
+                path: path.to_string(),
+                key: key("memory"),
+                value: v.clone(),
+                source,
+            })?,
+        ),
+        None => inherited.memory_bytes,
+    };
+    let thread_percentage = match raw.max_active_thread_percentage {
+        Some(v) if !(1..=100).contains(&v) => {
+            return Err(ConfigError::Limit {
+                path: path.to_string(),
+                key: key("threads"),
+                value: v.to_string(),
+                source: LimitError::ThreadPercentage { value: v.to_string() },
+            });
+        }
+        Some(v) => v,
+        None => inherited.thread_percentage,
+    };
+    let cuda_processes = match raw.max_cuda_processes {
+        Some(v) if !(1..=MAX_CUDA_PROCESSES).contains(&v) => {
+            return Err(ConfigError::Invalid {
+                path: path.to_string(),
+                key: key("processes"),
+                message: format!("{v} is out of range: expected 1 to {MAX_CUDA_PROCESSES}"),
+            });
+        }
+        Some(v) => v,
+        None => inherited.cuda_processes,
+    };
+    Ok(Maxima {
+        memory_bytes,
+        thread_percentage,
+        cuda_processes,
+    })
+}
+
+/// File name of the published config, under the root.
+pub const PUBLISHED_CONFIG_FILE: &str = "node-config.json";
+const PUBLISHED_VERSION: u32 = 1;
+
+/// The config the running manager uses, as it publishes it at `<root>/node-config.json` at
+/// start. The shim lays containers out by this one rather than by config.toml, so that an edit
+/// of config.toml takes effect only when the manager is restarted, for both at once.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct PublishedConfig {
+    pub version: u32,
+    pub digest: String,
+    /// The manager that published it.
+    pub manager_pid: u32,
+    /// The file it was read from.
+    pub source: PathBuf,
+    pub config: NodeConfig,
+}
+
+impl PublishedConfig {
+    pub fn new(config: NodeConfig, source: &Path, manager_pid: u32) -> Self {
+        PublishedConfig {
+            version: PUBLISHED_VERSION,
+            digest: config.digest(),
+            manager_pid,
+            source: source.to_path_buf(),
+            config,
+        }
+    }
+
+    /// Parses a published config; refuses another version and a digest that does not match.
+    pub fn from_json(text: &str) -> Result<Self, String> {
+        let published: PublishedConfig = serde_json::from_str(text).map_err(|e| e.to_string())?;
+        if published.version != PUBLISHED_VERSION {
+            return Err(format!(
+                "version {} (this build reads version {PUBLISHED_VERSION})",
+                published.version
+            ));
+        }
+        if published.digest != published.config.digest() {
+            return Err("its digest does not match its content".into());
+        }
+        Ok(published)
     }
 }
 
@@ -503,6 +742,117 @@ mod tests {
         );
         let e = parse("[limits]\npolicy = \"exactly\"\n").unwrap_err().to_string();
         assert!(e.contains("exact"), "{e}");
+    }
+
+    #[test]
+    fn maximums_per_node_and_namespace() {
+        let c = parse(
+            r#"
+            [limits]
+            default_memory_limit = "4Gi"
+            default_active_thread_percentage = 25
+            default_cuda_processes = 2
+            max_memory_limit = "16Gi"
+            max_active_thread_percentage = 50
+            max_cuda_processes = 8
+            [limits.namespaces.team-a]
+            max_memory_limit = "4Gi"
+            [limits.namespaces."batch"]
+            max_active_thread_percentage = 100
+            max_cuda_processes = 48
+            "#,
+        )
+        .unwrap();
+        assert_eq!(c.default_cuda_processes, 2);
+        let (node, scope) = c.maxima_for("other");
+        assert_eq!(scope, "this node");
+        assert_eq!(
+            node,
+            Maxima {
+                memory_bytes: Some(16 << 30),
+                thread_percentage: 50,
+                cuda_processes: 8
+            }
+        );
+        let (team, scope) = c.maxima_for("team-a");
+        assert_eq!(scope, "namespace team-a");
+        assert_eq!(
+            team,
+            Maxima {
+                memory_bytes: Some(4 << 30),
+                thread_percentage: 50,
+                cuda_processes: 8
+            },
+            "keys left out take the node's"
+        );
+        assert_eq!(c.maxima_for("batch").0.thread_percentage, 100);
+        assert_eq!(c.maxima_for("batch").0.cuda_processes, 48);
+        assert_eq!(NodeConfig::default().maxima, Maxima::default());
+    }
+
+    #[test]
+    fn bad_maximums_name_their_key() {
+        for (text, key) in [
+            ("[limits]\nmax_memory_limit = \"4GB\"", "limits.max_memory_limit"),
+            (
+                "[limits]\nmax_active_thread_percentage = 0",
+                "limits.max_active_thread_percentage",
+            ),
+            ("[limits]\nmax_cuda_processes = 49", "limits.max_cuda_processes"),
+            (
+                "[limits]\ndefault_cuda_processes = 0",
+                "limits.default_cuda_processes",
+            ),
+            (
+                "[limits.namespaces.a]\nmax_cuda_processes = 0",
+                "limits.namespaces.*.max_cuda_processes",
+            ),
+            (
+                "[limits.namespaces.a]\nmax_memry_limit = \"1Gi\"",
+                "max_memry_limit",
+            ),
+            (
+                "[limits]\ndefault_memory_limit = \"8Gi\"\ndefault_active_thread_percentage = 25\nmax_memory_limit = \"4Gi\"",
+                "limits.default_*",
+            ),
+            (
+                "[gate]\nconnections_per_container = 0",
+                "gate.connections_per_container",
+            ),
+            ("[gate]\nmax_connections = 1", "gate.max_connections"),
+        ] {
+            let e = parse(text).unwrap_err().to_string();
+            assert!(e.contains(key), "{text}: {e}");
+        }
+    }
+
+    #[test]
+    fn the_published_config_round_trips_and_checks_its_digest() {
+        let c =
+            parse("[limits]\npolicy = \"uniform\"\n[limits.namespaces.a]\nmax_cuda_processes = 2\n").unwrap();
+        let published = PublishedConfig::new(c.clone(), Path::new("/etc/gpu-mps/config.toml"), 42);
+        let text = serde_json::to_string(&published).unwrap();
+        let back = PublishedConfig::from_json(&text).unwrap();
+        assert_eq!(back.config, c);
+        assert_eq!(back.digest, c.digest());
+        assert_ne!(
+            c.digest(),
+            NodeConfig::default().digest(),
+            "the digest follows the content"
+        );
+        let tampered = text.replace("\"uniform\"", "\"ceiling\"");
+        assert!(
+            PublishedConfig::from_json(&tampered)
+                .unwrap_err()
+                .contains("digest")
+        );
+        let other_version = text.replace("\"version\":1", "\"version\":9");
+        assert!(
+            PublishedConfig::from_json(&other_version)
+                .unwrap_err()
+                .contains("version 9")
+        );
+        assert_eq!(c.published_path(), Path::new("/run/gpu-mps/node-config.json"));
     }
 
     #[test]

@@ -12,6 +12,11 @@ pub struct StatusView {
     pub manager_version: String,
     pub policy: String,
     pub tenancy: String,
+    /// The digest of the config the manager runs with and the file it read it from.
+    pub config_digest: String,
+    pub config_source: String,
+    /// Set when the file has changed since the manager read it.
+    pub config_note: String,
     pub gpus: Vec<GpuView>,
     pub daemons: Vec<DaemonView>,
     pub leases: Vec<LeaseView>,
@@ -61,6 +66,14 @@ pub struct LeaseView {
     pub active_thread_percentage: u32,
     pub pid: u32,
     pub acquired_unix: i64,
+    /// CUDA processes it may run; memory_limit_bytes is their total.
+    pub cuda_processes: u32,
+    /// Its CUDA processes the gate let through to the server, alive now.
+    pub admitted_pids: Vec<u32>,
+    /// Connections its gate refused, and the last reason.
+    pub refusals: u32,
+    pub last_refusal: String,
+    pub gate_connections: u32,
 }
 
 impl From<&proto::StatusResponse> for StatusView {
@@ -69,6 +82,9 @@ impl From<&proto::StatusResponse> for StatusView {
             manager_version: s.manager_version.clone(),
             policy: s.policy.clone(),
             tenancy: s.tenancy.clone(),
+            config_digest: s.config_digest.clone(),
+            config_source: s.config_source.clone(),
+            config_note: s.config_note.clone(),
             gpus: s
                 .gpus
                 .iter()
@@ -117,6 +133,11 @@ impl From<&proto::StatusResponse> for StatusView {
                     active_thread_percentage: l.active_thread_percentage,
                     pid: l.pid,
                     acquired_unix: l.acquired_unix,
+                    cuda_processes: l.cuda_processes.max(1),
+                    admitted_pids: l.admitted_pids.clone(),
+                    refusals: l.refusals,
+                    last_refusal: l.last_refusal.clone(),
+                    gate_connections: l.gate_connections,
                 })
                 .collect(),
         }
@@ -216,7 +237,17 @@ impl StatusView {
 
     pub fn leases_table(&self) -> String {
         table(
-            &["CONTAINER", "NAMESPACE", "POD", "NAME", "DAEMON", "LIMITS", "PID"],
+            &[
+                "CONTAINER",
+                "NAMESPACE",
+                "POD",
+                "NAME",
+                "DAEMON",
+                "LIMITS",
+                "CUDA PROCS",
+                "PID",
+                "REFUSED",
+            ],
             self.leases
                 .iter()
                 .map(|l| {
@@ -227,7 +258,13 @@ impl StatusView {
                         l.container_name.clone(),
                         l.daemon.clone(),
                         limits(l.memory_limit_bytes, l.active_thread_percentage),
+                        format!("{}/{}", l.admitted_pids.len(), l.cuda_processes),
                         l.pid.to_string(),
+                        if l.refusals == 0 {
+                            "0".to_string()
+                        } else {
+                            format!("{} (last: {})", l.refusals, l.last_refusal)
+                        },
                     ]
                 })
                 .collect(),
@@ -235,8 +272,13 @@ impl StatusView {
     }
 
     pub fn summary(&self) -> String {
+        let note = if self.config_note.is_empty() {
+            String::new()
+        } else {
+            format!("WARNING: {}\n", self.config_note)
+        };
         format!(
-            "gpu-mps-manager {}: policy {}, tenancy {}, {} GPU(s), {} daemon(s), {} lease(s)\n\n{}\n{}\n{}",
+            "gpu-mps-manager {}: policy {}, tenancy {}, {} GPU(s), {} daemon(s), {} lease(s)\n{note}\n{}\n{}\n{}",
             self.manager_version,
             self.policy,
             self.tenancy,
@@ -285,8 +327,20 @@ mod tests {
         let mut l = proto::Lease::new();
         l.container_id = "c1".into();
         l.memory_limit_bytes = 4 << 30;
+        l.cuda_processes = 2;
+        l.admitted_pids = vec![41, 42];
+        l.refusals = 1;
+        l.last_refusal =
+            "pid 43: CUDA process 43: the container already runs 2 of its 2 CUDA processes".into();
         s.leases.push(l);
+        s.config_note = "/etc/gpu-mps/config.toml has changed".into();
         let view = StatusView::from(&s);
+        let t = view.leases_table();
+        assert!(t.contains("2/2") && t.contains("1 (last: pid 43"), "{t}");
+        assert!(
+            view.summary()
+                .contains("WARNING: /etc/gpu-mps/config.toml has changed")
+        );
         let text = serde_json::to_string(&view).unwrap();
         assert_eq!(serde_json::from_str::<StatusView>(&text).unwrap(), view);
         // A key the CLI no longer writes is an error, not a silent default.

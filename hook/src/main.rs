@@ -45,6 +45,15 @@ enum Stage {
         pod: String,
         #[arg(long, default_value = "")]
         container_name: String,
+        /// CUDA processes the container may run (its memory limit is their total).
+        #[arg(long, default_value_t = 1)]
+        cuda_processes: u32,
+        /// The policy the shim laid the container out for.
+        #[arg(long, default_value = "")]
+        policy: String,
+        /// The digest of the node config the shim used.
+        #[arg(long, default_value = "")]
+        config_digest: String,
     },
     /// Release the lease (OCI poststop hook).
     Poststop {
@@ -69,6 +78,10 @@ enum HookError {
     Stdin(std::io::Error),
     #[error("the OCI state on stdin is not valid: {0}")]
     State(String),
+    #[error(
+        "the OCI state of container {0} has no pid: a lease needs the container's process (runc passes it to createRuntime hooks)"
+    )]
+    NoPid(String),
     #[error("{0}")]
     Manager(#[from] ClientError),
 }
@@ -112,8 +125,16 @@ fn run(args: Args) -> Result<(), HookError> {
             namespace,
             pod,
             container_name,
+            cuda_processes,
+            policy,
+            config_digest,
         } => {
             let state = read_state()?;
+            // A lease is dropped once its container's process is gone; without a pid it could
+            // never be, and would hold its GPU memory forever.
+            if state.pid == 0 {
+                return Err(HookError::NoPid(state.id));
+            }
             let mut req = proto::AcquireRequest::new();
             req.container_id = state.id;
             req.pid = state.pid;
@@ -124,6 +145,9 @@ fn run(args: Args) -> Result<(), HookError> {
             req.namespace = namespace;
             req.pod = pod;
             req.container_name = container_name;
+            req.cuda_processes = cuda_processes;
+            req.policy = policy;
+            req.config_digest = config_digest;
             let conn =
                 ManagerConnection::connect(&common.socket, Duration::from_secs(common.timeout_seconds))?;
             conn.acquire(&req)?;
@@ -177,6 +201,9 @@ mod tests {
             namespace: "team".into(),
             pod: "p".into(),
             container_name: "c".into(),
+            cuda_processes: 3,
+            policy: "exact".into(),
+            config_digest: "0123456789abcdef".into(),
         };
         let parsed = Args::try_parse_from(args.to_hook_args()).unwrap();
         match parsed.stage {
@@ -186,8 +213,14 @@ mod tests {
                 memory_limit_bytes,
                 active_thread_percentage,
                 namespace,
+                cuda_processes,
+                policy,
+                config_digest,
                 ..
             } => {
+                assert_eq!(cuda_processes, 3);
+                assert_eq!(policy, "exact");
+                assert_eq!(config_digest, "0123456789abcdef");
                 assert_eq!(common.socket, PathBuf::from("/run/x/manager.sock"));
                 assert_eq!(common.timeout_seconds, 7);
                 assert_eq!(gpus, ["GPU-a", "GPU-b"]);
@@ -214,6 +247,9 @@ mod tests {
             namespace: String::new(),
             pod: String::new(),
             container_name: String::new(),
+            cuda_processes: 1,
+            policy: String::new(),
+            config_digest: String::new(),
         };
         assert!(Args::try_parse_from(args.to_hook_args()).is_ok());
     }
@@ -231,6 +267,11 @@ mod tests {
             }
         );
         assert!(parse_state("{}").is_err());
+        assert_eq!(
+            parse_state(r#"{"id":"abc"}"#).unwrap().pid,
+            0,
+            "pid 0 is refused at acquire"
+        );
         assert!(parse_state("nope").is_err());
     }
 

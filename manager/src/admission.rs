@@ -37,8 +37,17 @@ impl From<&NodeConfig> for AdmissionPolicy {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct LeaseRequest {
     pub key: DaemonKey,
+    /// The container's limits: memory is the total of its CUDA processes.
     pub limits: Limits,
+    pub cuda_processes: u32,
     pub namespace: String,
+}
+
+impl LeaseRequest {
+    /// What each of its CUDA processes gets: the limit class its server must hold for it.
+    pub fn process_limits(&self) -> Limits {
+        self.limits.per_process(self.cuda_processes)
+    }
 }
 
 /// Why a lease is refused. Each message is one line a user sees in `kubectl describe pod`.
@@ -89,9 +98,14 @@ pub enum Refusal {
         overcommit: f64,
     },
     #[error(
-        "GPU {gpu} already serves {max} containers, the most allowed per GPU (limits.max_clients_per_gpu)"
+        "GPU {gpu} already serves {used} CUDA processes of {max} allowed per GPU (limits.max_clients_per_gpu; MPS serves 48); this container asks for {requested} more (gpu-mps.io/cuda-processes)"
     )]
-    ClientCapacity { gpu: String, max: u32 },
+    ClientCapacity {
+        gpu: String,
+        used: u32,
+        max: u32,
+        requested: u32,
+    },
 }
 
 impl Refusal {
@@ -138,22 +152,26 @@ pub fn admit<'a>(
                 .into_iter()
                 .filter(|l| l.key == request.key)
                 .collect();
-            if let Some(other) = same_daemon.iter().find(|l| l.limits != request.limits) {
+            // A class is what each process gets: the server holds one for all.
+            if let Some(other) = same_daemon
+                .iter()
+                .find(|l| l.process_limits() != request.process_limits())
+            {
                 return Err(Refusal::ClassBusy {
                     gpu: request.key.to_string(),
-                    current: other.limits,
+                    current: other.process_limits(),
                     leases: same_daemon.len(),
-                    requested: request.limits,
+                    requested: request.process_limits(),
                 });
             }
         }
         LimitPolicy::Ceiling => {
             let ceiling = ceiling_of(policy);
-            if request.limits.memory_bytes > ceiling.memory_bytes
-                || request.limits.thread_percentage > ceiling.thread_percentage
+            let each = request.process_limits();
+            if each.memory_bytes > ceiling.memory_bytes || each.thread_percentage > ceiling.thread_percentage
             {
                 return Err(Refusal::AboveCeiling {
-                    requested: request.limits,
+                    requested: each,
                     ceiling,
                 });
             }
@@ -161,7 +179,7 @@ pub fn admit<'a>(
         // Any mix of limits: each client is held to its own by the connect gate.
         LimitPolicy::Exact => {}
     }
-    let server_limits = server_limits(policy, request.limits);
+    let server_limits = server_limits(policy, request.process_limits());
 
     for gpu in targets {
         let on_gpu: Vec<&LeaseRecord> = leases
@@ -187,10 +205,14 @@ pub fn admit<'a>(
                 });
             }
         }
-        if on_gpu.len() >= policy.max_clients_per_gpu as usize {
+        // Every CUDA process is one MPS client.
+        let used: u32 = on_gpu.iter().map(|l| l.cuda_processes.max(1)).sum();
+        if used.saturating_add(request.cuda_processes.max(1)) > policy.max_clients_per_gpu {
             return Err(Refusal::ClientCapacity {
                 gpu: gpu.uuid.clone(),
+                used,
                 max: policy.max_clients_per_gpu,
+                requested: request.cuda_processes.max(1),
             });
         }
         let capacity = memory_capacity(gpu.memory_bytes, policy.overcommit);
@@ -209,13 +231,13 @@ pub fn admit<'a>(
     Ok(server_limits)
 }
 
-/// What a daemon's servers enforce for leases of `lease_limits`: those limits under `uniform`
-/// (one class per daemon), the node ceiling under `ceiling`. `None` under `exact`: the
-/// connect gate sets each client's own limits just before it connects, and nothing else may
-/// change them in between (crate::gate).
-pub fn server_limits(policy: &AdmissionPolicy, lease_limits: Limits) -> Option<Limits> {
+/// What a daemon's servers enforce for leases whose processes get `process_limits` each:
+/// those limits under `uniform` (one class per daemon), the node ceiling under `ceiling`.
+/// `None` under `exact`: the connect gate sets each client's own limits just before it
+/// connects, and nothing else may change them in between (crate::gate).
+pub fn server_limits(policy: &AdmissionPolicy, process_limits: Limits) -> Option<Limits> {
     match policy.policy {
-        LimitPolicy::Uniform => Some(lease_limits),
+        LimitPolicy::Uniform => Some(process_limits),
         LimitPolicy::Ceiling => Some(ceiling_of(policy)),
         LimitPolicy::Exact => None,
     }
@@ -244,6 +266,7 @@ mod tests {
     fn gpu(index: u32) -> GpuInfo {
         GpuInfo {
             index,
+            minor: index,
             uuid: format!("GPU-{index}"),
             name: "test".into(),
             memory_bytes: 16 * GIB,
@@ -267,6 +290,7 @@ mod tests {
         LeaseRequest {
             key: DaemonKey::new(gpus.iter().copied()),
             limits: l,
+            cuda_processes: 1,
             namespace: ns.into(),
         }
     }
@@ -392,7 +416,14 @@ mod tests {
             &policy(LimitPolicy::Uniform),
         )
         .unwrap_err();
-        assert!(matches!(refusal, Refusal::ClientCapacity { max: 48, .. }));
+        assert!(matches!(
+            refusal,
+            Refusal::ClientCapacity {
+                max: 48,
+                used: 48,
+                ..
+            }
+        ));
         assert!(
             admit(
                 &gpus,
@@ -402,6 +433,50 @@ mod tests {
             )
             .is_ok()
         );
+    }
+
+    #[test]
+    fn every_cuda_process_counts_against_the_clients_of_a_gpu() {
+        let gpus = [gpu(0)];
+        let l = limits(1, 2);
+        let mut big = lease("big", &["GPU-0"], l, "ns");
+        big.cuda_processes = 40;
+        let leases = [big];
+        let p = policy(LimitPolicy::Exact);
+        let mut eight = request(&["GPU-0"], l, "ns");
+        eight.cuda_processes = 8;
+        assert!(admit(&gpus, &leases, &eight, &p).is_ok(), "40 + 8 = 48");
+        eight.cuda_processes = 9;
+        let refusal = admit(&gpus, &leases, &eight, &p).unwrap_err();
+        assert_eq!(
+            refusal,
+            Refusal::ClientCapacity {
+                gpu: "GPU-0".into(),
+                used: 40,
+                max: 48,
+                requested: 9
+            }
+        );
+        assert!(refusal.to_string().contains("cuda-processes"), "{refusal}");
+    }
+
+    #[test]
+    fn classes_and_ceilings_are_per_process() {
+        let gpus = [gpu(0)];
+        // 8Gi in 2 processes is 4Gi/25% each: the same class as a 4Gi/25% container.
+        let mut two = request(&["GPU-0"], limits(8, 25), "ns");
+        two.cuda_processes = 2;
+        let leases = [lease("a", &["GPU-0"], limits(4, 25), "ns")];
+        assert_eq!(
+            admit(&gpus, &leases, &two, &policy(LimitPolicy::Uniform)),
+            Ok(Some(limits(4, 25)))
+        );
+        // 16Gi in 2 processes is 8Gi each: within the 8Gi/50% ceiling.
+        let mut big = request(&["GPU-0"], limits(16, 50), "ns");
+        big.cuda_processes = 2;
+        assert!(admit(&gpus, &[], &big, &policy(LimitPolicy::Ceiling)).is_ok());
+        big.cuda_processes = 1;
+        assert!(admit(&gpus, &[], &big, &policy(LimitPolicy::Ceiling)).is_err());
     }
 
     #[test]

@@ -46,6 +46,39 @@ pub fn enforce_exclusive_process(
     Ok(changed)
 }
 
+/// A GPU found out of EXCLUSIVE_PROCESS after the manager had set it, and whether setting it
+/// again worked.
+#[derive(Debug)]
+pub struct Drift {
+    pub uuid: String,
+    /// The mode found, or why it could not be read.
+    pub found: Result<String, GpuBackendError>,
+    pub reset: Option<Result<(), GpuBackendError>>,
+}
+
+/// Checks that every GPU is still in EXCLUSIVE_PROCESS and sets it again where it is not
+/// (someone ran `nvidia-smi -c`, a driver reload): without it a process that misses MPS gets
+/// the whole GPU. Returns what was not in order.
+pub fn reassert_exclusive_process(backend: &dyn GpuBackend, gpus: &[GpuInfo]) -> Vec<Drift> {
+    let mut drifts = Vec::new();
+    for gpu in gpus {
+        match backend.compute_mode(&gpu.uuid) {
+            Ok(mode) if mode == EXCLUSIVE_PROCESS => {}
+            Ok(mode) => drifts.push(Drift {
+                uuid: gpu.uuid.clone(),
+                found: Ok(mode),
+                reset: Some(backend.set_compute_mode(&gpu.uuid, EXCLUSIVE_PROCESS)),
+            }),
+            Err(e) => drifts.push(Drift {
+                uuid: gpu.uuid.clone(),
+                found: Err(e),
+                reset: None,
+            }),
+        }
+    }
+    drifts
+}
+
 /// Puts back every saved mode; what could not be restored stays in `saved` for the next try.
 pub fn restore_compute_modes(
     backend: &dyn GpuBackend,
@@ -117,6 +150,7 @@ mod tests {
             .enumerate()
             .map(|(i, u)| GpuInfo {
                 index: i as u32,
+                minor: i as u32,
                 uuid: u.to_string(),
                 name: "t".into(),
                 memory_bytes: 1 << 34,
@@ -150,6 +184,21 @@ mod tests {
         assert!(restore_compute_modes(&b, &mut saved).is_empty());
         assert!(saved.is_empty());
         assert_eq!(b.modes.lock().unwrap()["GPU-0"], "Default");
+    }
+
+    #[test]
+    fn a_drifted_mode_is_reported_and_set_again() {
+        let b = RecordingBackend::new(&[("GPU-0", "ExclusiveProcess"), ("GPU-1", "Default")], false);
+        let drifts = reassert_exclusive_process(&b, &gpus(&["GPU-0", "GPU-1"]));
+        assert_eq!(drifts.len(), 1);
+        assert_eq!(drifts[0].uuid, "GPU-1");
+        assert_eq!(drifts[0].found.as_deref().ok(), Some("Default"));
+        assert!(matches!(drifts[0].reset, Some(Ok(()))));
+        assert_eq!(b.modes.lock().unwrap()["GPU-1"], "ExclusiveProcess");
+        assert!(reassert_exclusive_process(&b, &gpus(&["GPU-0", "GPU-1"])).is_empty());
+        let refusing = RecordingBackend::new(&[("GPU-0", "Default")], true);
+        let drifts = reassert_exclusive_process(&refusing, &gpus(&["GPU-0"]));
+        assert!(matches!(drifts[0].reset, Some(Err(_))));
     }
 
     #[test]

@@ -2,13 +2,14 @@
 //! Side effects go through `MpsControl` and `GpuBackend`, so this is tested without a GPU.
 
 use std::collections::HashMap;
-use std::path::Path;
+use std::os::fd::OwnedFd;
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::{SystemTime, UNIX_EPOCH};
 
 use gpu_mps_api::files::{self, Durability, FileMode};
 use gpu_mps_api::inventory::Inventory;
-use gpu_mps_api::node_config::{LimitPolicy, NodeConfig};
+use gpu_mps_api::node_config::{LimitPolicy, NodeConfig, PublishedConfig};
 use gpu_mps_api::proto;
 use gpu_mps_api::{ContainerId, DaemonKey, Limits};
 use thiserror::Error;
@@ -18,8 +19,7 @@ use tracing::{error, info, warn};
 use crate::admission::{self, AdmissionPolicy, LeaseRequest, Refusal};
 use crate::compute_mode;
 use crate::fault_watch::{self, LogCursor};
-use crate::gate::server_admission::AdmissionTimings;
-use crate::gate::{self, GateError, GateTarget, GateTimings, Gates};
+use crate::gate::{self, GateBounds, GateError, GateTarget, GateTimings, Gates, ListenerStore};
 use crate::gpu_backend::{GpuBackend, GpuBackendError};
 use crate::lease::LeaseRecord;
 use crate::mps_control::{self, ControlError, MpsControl};
@@ -32,6 +32,8 @@ pub enum ManagerError {
     Refused(#[from] Refusal),
     #[error("invalid request: {0}")]
     InvalidRequest(String),
+    #[error("{0}")]
+    ConfigChanged(String),
     #[error("{0}")]
     Control(#[from] ControlError),
     #[error("{0}")]
@@ -51,6 +53,7 @@ impl ManagerError {
         match self {
             ManagerError::Refused(r) => r.code(),
             ManagerError::InvalidRequest(_) => ttrpc::Code::INVALID_ARGUMENT,
+            ManagerError::ConfigChanged(_) => ttrpc::Code::FAILED_PRECONDITION,
             ManagerError::Control(_) => ttrpc::Code::UNAVAILABLE,
             _ => ttrpc::Code::INTERNAL,
         }
@@ -78,10 +81,16 @@ struct Inner {
     /// Where each daemon's server.log was read up to, by daemon dir (not persisted: a restarted
     /// manager starts at the end, the faults before were reported by the one that saw them).
     server_logs: HashMap<String, LogCursor>,
+    /// What the last compute mode check found out of order, by GPU: logged once per change.
+    compute_mode_drift: HashMap<String, String>,
 }
 
 pub struct ManagerCore {
     config: NodeConfig,
+    /// Where the config was read from, and its digest then (the shim passes the digest of
+    /// the config it laid a container out by).
+    config_source: PathBuf,
+    config_digest: String,
     policy: AdmissionPolicy,
     control: Arc<dyn MpsControl>,
     backend: Arc<dyn GpuBackend>,
@@ -90,36 +99,59 @@ pub struct ManagerCore {
     inner: Mutex<Inner>,
 }
 
-/// How long a server's admission lock waits for a client that probed but was not admitted yet
-/// to come back. Measured between a client's control connections: 0.2 to 44 ms
-/// (docs/gpu-results.md section 5).
-const ADMISSION_ABANDON_GRACE: std::time::Duration = std::time::Duration::from_millis(500);
-/// How long after a class took a server's lock more containers of that class may join it.
-const ADMISSION_JOIN_WINDOW: std::time::Duration = std::time::Duration::from_secs(2);
-/// How long the clients of a class may come back for their next connection without queueing:
-/// a client's three connections take milliseconds (44 ms the longest gap measured).
-const ADMISSION_SESSION_CAP: std::time::Duration = std::time::Duration::from_secs(10);
-
 fn gate_timings(config: &NodeConfig) -> GateTimings {
     GateTimings {
         handshake_timeout: std::time::Duration::from_secs(config.gate_handshake_timeout_seconds),
-        admission: AdmissionTimings {
-            queue_timeout: std::time::Duration::from_secs(config.gate_queue_timeout_seconds),
-            join_window: ADMISSION_JOIN_WINDOW,
-            session_cap: ADMISSION_SESSION_CAP,
-            abandon_grace: ADMISSION_ABANDON_GRACE,
-        },
+        queue_timeout: std::time::Duration::from_secs(config.gate_queue_timeout_seconds),
     }
 }
 
+fn gate_bounds(config: &NodeConfig) -> GateBounds {
+    GateBounds {
+        per_container: config.gate_connections_per_container,
+        node: config.gate_max_connections,
+    }
+}
+
+/// What the binary hands the core beyond the config: where the config came from, and the gate
+/// sockets a previous manager served (from the gate keeper) with where to keep new ones.
+#[derive(Default)]
+pub struct StartOptions {
+    pub config_source: PathBuf,
+    /// By gate name ([`ContainerId::gate_name`]).
+    pub inherited_gates: HashMap<String, OwnedFd>,
+    pub listener_store: Option<Arc<dyn ListenerStore>>,
+}
+
+/// The server started with every new daemon: measured on the H200, `start_server -uid 0` under
+/// `-M` starts a server before any client, which serves clients of every uid. With it the GPU
+/// belongs to MPS from the daemon's start: under EXCLUSIVE_PROCESS no direct context can take
+/// the GPU before the first client.
+const START_SERVER: &str = "start_server -uid 0";
+
+/// How long a stopping manager lets its gates finish the connections in flight (a handshake
+/// takes milliseconds; the daemon's answer at most the handshake timeout).
+const SHUTDOWN_DRAIN: std::time::Duration = std::time::Duration::from_secs(2);
+
 impl ManagerCore {
-    /// Starts the manager's logic: takes the inventory, publishes it for the shim, loads the
-    /// state of a previous run and adopts what still lives, and sets EXCLUSIVE_PROCESS if
-    /// configured. Never touches a running client.
+    /// [`ManagerCore::start_with`] without gate sockets to inherit or keep.
     pub async fn start(
         config: NodeConfig,
         control: Arc<dyn MpsControl>,
         backend: Arc<dyn GpuBackend>,
+    ) -> Result<Self, ManagerError> {
+        Self::start_with(config, control, backend, StartOptions::default()).await
+    }
+
+    /// Starts the manager's logic: takes the inventory, publishes it and the config for the
+    /// shim, loads the state of a previous run and adopts what still lives, serves the gates of
+    /// the leases again, and sets EXCLUSIVE_PROCESS if configured. Never touches a running
+    /// client.
+    pub async fn start_with(
+        config: NodeConfig,
+        control: Arc<dyn MpsControl>,
+        backend: Arc<dyn GpuBackend>,
+        options: StartOptions,
     ) -> Result<Self, ManagerError> {
         make_dir(&config.root, 0o755)?;
         make_dir(&config.root.join("daemons"), 0o755)?;
@@ -138,6 +170,16 @@ impl ManagerCore {
             Durability::Volatile,
         )
         .map_err(io_err(format!("writing {}", config.inventory_path().display())))?;
+        let published = PublishedConfig::new(config.clone(), &options.config_source, std::process::id());
+        let text = serde_json::to_vec_pretty(&published).expect("the config serializes");
+        files::replace_file(
+            &config.published_path(),
+            &text,
+            FileMode::Set(0o644),
+            Durability::Volatile,
+        )
+        .map_err(io_err(format!("writing {}", config.published_path().display())))?;
+        info!(path = %config.published_path().display(), digest = %published.digest, policy = %config.policy, "node config published for gpu-mps-shim");
 
         let mut state = State::load(&config.state_path())?;
         adopt(&mut state, control.as_ref()).await;
@@ -164,17 +206,27 @@ impl ManagerCore {
         }
         state.save(&config.state_path())?;
         let policy = AdmissionPolicy::from(&config);
-        let gates = Gates::new(control.clone(), gate_timings(&config));
-        // Under any policy: pods started under `exact` before a policy change still see only
-        // their gate, and must keep being served until they are gone.
-        reopen_gates(&config, &state, &gates);
+        let mut gates = Gates::new(control.clone(), gate_timings(&config), gate_bounds(&config));
+        if let Some(store) = &options.listener_store {
+            gates = gates.with_listener_store(store.clone());
+        }
+        reopen_gates(
+            &config,
+            &state,
+            &gates,
+            options.inherited_gates,
+            options.listener_store.as_deref(),
+        );
         let server_logs = state
             .daemons
             .iter()
             .map(|(dir, d)| (dir.clone(), LogCursor::at_end(&d.log_dir.join(SERVER_LOG))))
             .collect();
+        let config_digest = config.digest();
         Ok(ManagerCore {
             config,
+            config_source: options.config_source,
+            config_digest,
             policy,
             control,
             backend,
@@ -183,6 +235,7 @@ impl ManagerCore {
                 state,
                 inventory,
                 server_logs,
+                compute_mode_drift: HashMap::new(),
             }),
         })
     }
@@ -196,35 +249,54 @@ impl ManagerCore {
     pub async fn acquire(&self, req: proto::AcquireRequest) -> Result<proto::AcquireResponse, ManagerError> {
         let started = std::time::Instant::now();
         let request = validate(&req)?;
-        let gated = match self.config.policy {
-            LimitPolicy::Exact => Some(
-                ContainerId::parse(&req.container_id)
-                    .map_err(|e| ManagerError::InvalidRequest(e.to_string()))?,
-            ),
-            LimitPolicy::Uniform | LimitPolicy::Ceiling => None,
-        };
-        let mut inner = self.inner.lock().await;
-        if let Some(existing) = inner.state.leases.get(&req.container_id) {
-            if existing.key == request.key && existing.limits == request.limits {
-                if let Some(id) = gated.as_ref().filter(|id| !self.gates.is_open(id)) {
-                    self.gates.open(self.gate_target(id, existing))?;
-                }
-                let response = self.response_for(&inner, existing);
-                return Ok(response);
-            }
-            return Err(ManagerError::InvalidRequest(format!(
-                "container {} already holds a lease on {} with {}",
-                req.container_id, existing.key, existing.limits
-            )));
-        }
+        self.check_layout(&req)?;
+        let (maxima, scope) = self.config.maxima_for(&req.namespace);
+        maxima
+            .check(request.limits, request.cuda_processes, &scope)
+            .map_err(|e| {
+                warn!(container = %req.container_id, namespace = %req.namespace, pod = %req.pod, limits = %request.limits, cuda_processes = request.cuda_processes, refusal = %e, "lease refused");
+                ManagerError::InvalidRequest(e.to_string())
+            })?;
+        // Under every policy a container reaches MPS only through its gate (docs/adr/0006).
+        let gate_id =
+            ContainerId::parse(&req.container_id).map_err(|e| ManagerError::InvalidRequest(e.to_string()))?;
         // The hook runs while the container's init process waits in runc: if it is gone, the
         // container is, and a lease without a live process could never be cleaned up.
         let process = ProcessIdentity::of(req.pid);
-        if req.pid != 0 && process.is_none() {
+        if process.is_none() {
             return Err(ManagerError::InvalidRequest(format!(
                 "container {} has no running process (pid {})",
                 req.container_id, req.pid
             )));
+        }
+        let mut inner = self.inner.lock().await;
+        if let Some(existing) = inner.state.leases.get(&req.container_id).cloned() {
+            let same_process = existing.process.is_none() || existing.process == process;
+            if same_process
+                && existing.key == request.key
+                && existing.limits == request.limits
+                && existing.cuda_processes == request.cuda_processes
+            {
+                if !self.gates.is_open(&gate_id) {
+                    self.gates.open(self.gate_target(&gate_id, &existing), None)?;
+                }
+                let response = self.response_for(&inner, &existing);
+                return Ok(response);
+            }
+            if same_process || existing.container_alive() {
+                return Err(ManagerError::InvalidRequest(format!(
+                    "container {} already holds a lease on {} with {} (pid {})",
+                    req.container_id,
+                    existing.key,
+                    existing.limits,
+                    existing.process.map_or(0, |p| p.pid)
+                )));
+            }
+            // The id was reused by a new container (its old process is gone, its release was
+            // missed): the old lease goes.
+            warn!(container = %req.container_id, old_pid = existing.process.map_or(0, |p| p.pid), new_pid = req.pid, "a new container reuses the id of a lease whose process is gone; the old lease is dropped");
+            inner.state.leases.remove(&req.container_id);
+            mark_idle_if_unused(&mut inner.state, &existing.key);
         }
         let live: Vec<&LeaseRecord> = inner.state.leases.values().collect();
         let server_limits = admission::admit(&inner.inventory.gpus, live.iter().copied(), &request, &self.policy)
@@ -239,6 +311,7 @@ impl ManagerCore {
             container_id: req.container_id.clone(),
             key: request.key.clone(),
             limits: request.limits,
+            cuda_processes: request.cuda_processes,
             namespace: req.namespace.clone(),
             pod: req.pod.clone(),
             container_name: req.container_name.clone(),
@@ -246,23 +319,46 @@ impl ManagerCore {
             process,
             acquired_unix: now_unix(),
         };
-        if let Some(id) = &gated {
-            // Before the lease is recorded: a container whose gate cannot open must not start
-            // (its CUDA processes would find no control socket).
-            self.gates.open(self.gate_target(id, &lease))?;
-        }
+        // Before the lease is recorded: a container whose gate cannot open must not start (its
+        // CUDA processes would find no control socket).
+        self.gates.open(self.gate_target(&gate_id, &lease), None)?;
         if let Some(d) = inner.state.daemons.get_mut(&dir) {
             d.idle_since_unix = None;
         }
         inner.state.leases.insert(req.container_id.clone(), lease.clone());
         inner.state.save(&self.config.state_path())?;
         let server_limits = server_limits.map_or_else(|| "per client (gate)".to_string(), |l| l.to_string());
-        info!(container = %req.container_id, namespace = %req.namespace, pod = %req.pod, gpus = %request.key, limits = %request.limits, server_limits = %server_limits, elapsed_us = started.elapsed().as_micros() as u64, "lease acquired");
+        info!(container = %req.container_id, namespace = %req.namespace, pod = %req.pod, gpus = %request.key, limits = %request.limits, cuda_processes = request.cuda_processes, server_limits = %server_limits, elapsed_us = started.elapsed().as_micros() as u64, "lease acquired");
         Ok(self.response_for(&inner, &lease))
     }
 
     fn gate_target(&self, id: &ContainerId, lease: &LeaseRecord) -> GateTarget {
         gate_target(&self.config, id, lease)
+    }
+
+    /// Refuses a container the shim laid out under another node config than the one this
+    /// manager runs with (config.toml edited, the manager not restarted).
+    fn check_layout(&self, req: &proto::AcquireRequest) -> Result<(), ManagerError> {
+        let policy = self.config.policy.to_string();
+        let changed = (!req.policy.is_empty() && req.policy != policy)
+            || (!req.config_digest.is_empty() && req.config_digest != self.config_digest);
+        if changed {
+            let message = format!(
+                "node config changed since gpu-mps-manager started: restart it (container {} was laid out for policy {} with config {}, the manager runs policy {policy} with config {} from {})",
+                req.container_id,
+                if req.policy.is_empty() { "?" } else { &req.policy },
+                if req.config_digest.is_empty() {
+                    "?"
+                } else {
+                    &req.config_digest
+                },
+                self.config_digest,
+                self.config_source.display()
+            );
+            warn!(container = %req.container_id, "lease refused: {message}");
+            return Err(ManagerError::ConfigChanged(message));
+        }
+        Ok(())
     }
 
     /// Starts the daemon if needed and makes its servers enforce `limits`; `None` (policy
@@ -288,7 +384,21 @@ impl ManagerCore {
             make_dir(&self.config.daemon_dir(key), 0o755)?;
             make_dir(&pipe_dir, 0o755)?;
             make_dir(&log_dir, 0o755)?;
-            let control = self.start_or_adopt(key, &pipe_dir, &log_dir).await?;
+            let control = self
+                .start_or_adopt(key, &pipe_dir, &log_dir)
+                .await
+                .inspect_err(|e| error!(daemon = %key, error = %e, "cannot start the MPS control daemon"))?;
+            match self.control.command(&pipe_dir, START_SERVER).await {
+                Ok(answer) if answer.is_empty() => {
+                    info!(daemon = %key, "MPS server started with its daemon")
+                }
+                Ok(answer) => {
+                    warn!(daemon = %key, answer = %answer, "{START_SERVER} was not accepted; the server starts with its first client")
+                }
+                Err(e) => {
+                    warn!(daemon = %key, error = %e, "{START_SERVER} failed; the server starts with its first client")
+                }
+            }
             inner
                 .server_logs
                 .insert(dir.clone(), LogCursor::at_end(&log_dir.join(SERVER_LOG)));
@@ -388,6 +498,8 @@ impl ManagerCore {
         resp.policy = self.config.policy.to_string();
         resp.tenancy = self.config.tenancy.to_string();
         resp.manager_version = env!("CARGO_PKG_VERSION").to_string();
+        resp.config_digest = self.config_digest.clone();
+        resp.config_source = self.config_source.display().to_string();
         for g in &inner.inventory.gpus {
             let on_gpu: Vec<&LeaseRecord> = inner
                 .state
@@ -413,6 +525,19 @@ impl ManagerCore {
         }
         resp.leases = inner.state.leases.values().map(lease_proto).collect();
         drop(inner);
+        for lease in &mut resp.leases {
+            let Some(view) = ContainerId::parse(&lease.container_id)
+                .ok()
+                .and_then(|id| self.gates.view(&id))
+            else {
+                continue;
+            };
+            lease.admitted_pids = view.admitted_pids;
+            lease.refusals = view.refusals;
+            lease.last_refusal = view.last_refusal;
+            lease.gate_connections = view.connections;
+        }
+        resp.config_note = config_note(&self.config_source, &self.config);
         for gpu in &mut resp.gpus {
             if let Ok(mode) = self.backend.compute_mode(&gpu.uuid) {
                 gpu.compute_mode = mode;
@@ -431,6 +556,9 @@ impl ManagerCore {
     /// daemons, and stops daemons idle for longer than the grace period.
     pub async fn reconcile(&self, now: i64) {
         let mut inner = self.inner.lock().await;
+        if self.config.exclusive_process {
+            self.reassert_exclusive_process(&mut inner);
+        }
         let mut changed = false;
         let dead: Vec<LeaseRecord> = inner
             .state
@@ -504,6 +632,35 @@ impl ManagerCore {
         }
     }
 
+    /// EXCLUSIVE_PROCESS is checked on every tick, not only at start: a mode changed behind the
+    /// manager's back would let a process that misses MPS take the whole GPU.
+    fn reassert_exclusive_process(&self, inner: &mut Inner) {
+        let drifts = compute_mode::reassert_exclusive_process(self.backend.as_ref(), &inner.inventory.gpus);
+        let mut seen = HashMap::new();
+        for d in drifts {
+            let found = match &d.found {
+                Ok(mode) => mode.clone(),
+                Err(e) => format!("unreadable: {e}"),
+            };
+            let reset = match &d.reset {
+                Some(Ok(())) => "set to EXCLUSIVE_PROCESS again".to_string(),
+                Some(Err(e)) => format!("cannot set it again: {e}"),
+                None => "not changed".to_string(),
+            };
+            let line = format!("{found}; {reset}");
+            if inner.compute_mode_drift.get(&d.uuid) != Some(&line) {
+                error!(gpu = %d.uuid, found = %found, action = %reset, "compute mode is not EXCLUSIVE_PROCESS (changed behind gpu-mps-manager's back?): a process that misses MPS could take the whole GPU");
+            }
+            seen.insert(d.uuid, line);
+        }
+        for uuid in inner.compute_mode_drift.keys() {
+            if !seen.contains_key(uuid) {
+                info!(gpu = %uuid, "compute mode is EXCLUSIVE_PROCESS again");
+            }
+        }
+        inner.compute_mode_drift = seen;
+    }
+
     /// Reports the fatal faults the daemon's server logged since the last look. True if any.
     fn note_faults(&self, inner: &mut Inner, dir: &str, now: i64) -> bool {
         let Some(record) = inner.state.daemons.get(dir) else {
@@ -562,8 +719,8 @@ impl ManagerCore {
     /// does EXCLUSIVE_PROCESS: the next manager adopts them (an upgrade must not break pods).
     /// With no lease left, the compute mode is restored.
     pub async fn shutdown(&self) {
+        self.gates.drain(SHUTDOWN_DRAIN).await;
         let mut inner = self.inner.lock().await;
-        self.gates.stop_serving();
         let dirs: Vec<String> = inner.state.daemons.keys().cloned().collect();
         for dir in dirs {
             let record = inner.state.daemons[&dir].clone();
@@ -618,9 +775,18 @@ fn validate(req: &proto::AcquireRequest) -> Result<LeaseRequest, ManagerError> {
     }
     let limits = Limits::checked(req.memory_limit_bytes, req.active_thread_percentage)
         .map_err(|e| ManagerError::InvalidRequest(e.to_string()))?;
+    // 0 is what the hook of an older shim sends: one process.
+    let cuda_processes = req.cuda_processes.max(1);
+    if cuda_processes > gpu_mps_api::limits::MAX_CUDA_PROCESSES {
+        return bad(format!(
+            "cuda_processes {cuda_processes} is out of range: expected 1 to {}",
+            gpu_mps_api::limits::MAX_CUDA_PROCESSES
+        ));
+    }
     Ok(LeaseRequest {
         key: DaemonKey::new(req.gpu_uuids.iter().cloned()),
         limits,
+        cuda_processes,
         namespace: req.namespace.clone(),
     })
 }
@@ -640,13 +806,23 @@ fn gate_target(config: &NodeConfig, id: &ContainerId, lease: &LeaseRecord) -> Ga
         daemon: lease.key.clone(),
         daemon_pipe_dir: config.pipe_dir(&lease.key),
         limits: lease.limits,
+        cuda_processes: lease.cuda_processes,
+        sets_limits: config.policy == LimitPolicy::Exact,
         owner: lease.owner(),
     }
 }
 
-/// After a restart: serve the gates of the adopted leases again (the socket is replaced in
-/// place), and remove gate dirs no lease owns that a previous manager served.
-fn reopen_gates(config: &NodeConfig, state: &State, gates: &Gates) {
+/// After a restart: serve the gates of the adopted leases again, on the listening sockets the
+/// gate keeper held through the restart where it has them (the connections made meanwhile wait
+/// on those), else on a socket bound in place; remove gate dirs no lease owns that a previous
+/// manager served, and let the keeper drop their sockets.
+fn reopen_gates(
+    config: &NodeConfig,
+    state: &State,
+    gates: &Gates,
+    mut inherited: HashMap<String, OwnedFd>,
+    store: Option<&dyn ListenerStore>,
+) {
     let kept: std::collections::HashSet<String> = state
         .leases
         .keys()
@@ -660,15 +836,22 @@ fn reopen_gates(config: &NodeConfig, state: &State, gates: &Gates) {
         };
         let target = gate_target(config, &id, lease);
         if !target.gate_dir.is_dir() {
-            // Started under another policy: it reaches the daemon's pipe dir directly, and
-            // sees whatever limits the server holds for the gated pods.
-            if config.policy == LimitPolicy::Exact {
-                warn!(container = %id, "adopted lease has no gate dir (started under another policy); its CUDA processes are not held to its own limits until it is restarted");
-            }
+            // Started by a gpu-mps before gates under every policy (docs/adr/0006): it reaches
+            // the daemon's pipe dir directly until it is restarted.
+            warn!(container = %id, "adopted lease has no gate dir (started by an older gpu-mps); its CUDA processes reach the daemon's pipe dir directly until it is restarted");
             continue;
         }
-        if let Err(e) = gates.open(target) {
+        let socket = inherited.remove(&id.gate_name());
+        if let Err(e) = gates.open(target, socket) {
             error!(container = %id, error = %e, "cannot re-open the gate of an adopted lease; its new CUDA processes cannot connect");
+        }
+    }
+    for (name, socket) in inherited {
+        drop(socket);
+        if let Some(store) = store {
+            if let Err(e) = store.forget(&name) {
+                warn!(gate = %name, error = %e, "the gate keeper did not drop the socket of a gate of no lease");
+            }
         }
     }
 }
@@ -736,7 +919,26 @@ fn lease_proto(l: &LeaseRecord) -> proto::Lease {
     lease.container_name = l.container_name.clone();
     lease.pid = l.process.map(|p| p.pid).unwrap_or(0);
     lease.acquired_unix = l.acquired_unix;
+    lease.cuda_processes = l.cuda_processes;
     lease
+}
+
+/// A warning when the config file no longer says what the manager runs with.
+fn config_note(source: &Path, running: &NodeConfig) -> String {
+    if source.as_os_str().is_empty() {
+        return String::new();
+    }
+    match NodeConfig::load(source) {
+        Ok(now) if &now == running => String::new(),
+        Ok(_) => format!(
+            "{} has changed since gpu-mps-manager started; it runs with the config it read then (restart it to apply the change)",
+            source.display()
+        ),
+        Err(e) => format!(
+            "{} is no longer valid ({e}); gpu-mps-manager runs with the config it read at start",
+            source.display()
+        ),
+    }
 }
 
 fn make_dir(path: &Path, mode: u32) -> Result<(), ManagerError> {

@@ -57,6 +57,7 @@ mod tests {
             source: "test".into(),
             gpus: vec![GpuInfo {
                 index: 0,
+                minor: 0,
                 uuid: "GPU-aaaa".into(),
                 name: "t".into(),
                 memory_bytes: 16 << 30,

@@ -86,6 +86,11 @@ impl GpuBackend for NvmlBackend {
                 .map_err(Self::nvml_err(format!("device {index}")))?;
             gpus.push(GpuInfo {
                 index,
+                // The shim maps device nodes (/dev/nvidia<minor>) to GPUs by it: a guess from the
+                // index could hand a container's node the limits of another GPU, so no fallback.
+                minor: d
+                    .minor_number()
+                    .map_err(Self::nvml_err(format!("minor number of device {index}")))?,
                 uuid: d
                     .uuid()
                     .map_err(Self::nvml_err(format!("UUID of device {index}")))?,
@@ -130,7 +135,8 @@ impl GpuBackend for NvmlBackend {
     }
 }
 
-/// TEST ONLY: GPUs described by a JSON file (api::inventory::Inventory). Compute mode changes
+/// TEST ONLY: GPUs described by a JSON file (api::inventory::Inventory; a GPU without `minor`
+/// has minor = index, as in an old inventory). Compute mode changes
 /// are kept in memory and never reach a device. Exists so CI, which has no GPU, can run the
 /// manager end to end; the manager logs a warning when it is used.
 pub struct FileBackend {
@@ -182,5 +188,24 @@ impl GpuBackend for FileBackend {
             .expect("modes lock")
             .insert(uuid.into(), mode.into());
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_file_backend_reads_minors_defaulting_to_the_index() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let path = dir.path().join("inventory.json");
+        let text = r#"{"source":"x","gpus":[
+            {"index":0,"uuid":"GPU-a","name":"n","memory_bytes":1},
+            {"index":1,"minor":3,"uuid":"GPU-b","name":"n","memory_bytes":1}]}"#;
+        std::fs::write(&path, text).expect("write");
+        let inv = FileBackend::new(&path).inventory().expect("inventory");
+        let minors: Vec<(u32, u32)> = inv.gpus.iter().map(|g| (g.index, g.minor)).collect();
+        assert_eq!(minors, [(0, 0), (1, 3)]);
+        assert!(inv.source.contains("TEST ONLY"));
     }
 }

@@ -9,8 +9,12 @@ use crate::process_identity::ProcessIdentity;
 pub struct LeaseRecord {
     pub container_id: String,
     pub key: DaemonKey,
-    /// The container's own limits (what it asked for and what its env says).
+    /// The container's own limits (what it asked for): memory is the total of its CUDA
+    /// processes.
     pub limits: Limits,
+    /// How many CUDA processes it may run on the server (each gets its share).
+    #[serde(default = "one")]
+    pub cuda_processes: u32,
     pub namespace: String,
     pub pod: String,
     pub container_name: String,
@@ -21,7 +25,16 @@ pub struct LeaseRecord {
     pub acquired_unix: i64,
 }
 
+fn one() -> u32 {
+    1
+}
+
 impl LeaseRecord {
+    /// What each of its CUDA processes gets.
+    pub fn process_limits(&self) -> Limits {
+        self.limits.per_process(self.cuda_processes)
+    }
+
     /// namespace/pod, or the container id for a container started without CRI (ctr).
     pub fn owner(&self) -> String {
         if self.pod.is_empty() {
@@ -42,6 +55,7 @@ impl LeaseRecord {
             container_id: id.into(),
             key,
             limits,
+            cuda_processes: 1,
             namespace: namespace.into(),
             pod: String::new(),
             container_name: String::new(),

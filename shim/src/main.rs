@@ -90,7 +90,8 @@ fn prepare_create(
         ));
         return Ok(node_files::runc_path(config_path));
     }
-    let config = node_files::load_config(config_path)?;
+    let (config, origin) = node_files::load_effective_config(config_path)?;
+    reporter.debug(format_args!("create {id}: node config {origin}"));
     let inventory = node_files::load_inventory(&config.inventory_path())?;
     let plan = parsed.plan(&config, &inventory, id)?;
     if let (Some(text), Some(pipe_dir)) = (&plan.rewritten, &plan.client_pipe_dir) {

@@ -8,13 +8,12 @@ use std::path::PathBuf;
 use gpu_mps_api::annotations::CRI_CONTAINER_TYPE;
 use gpu_mps_api::hook_invocation::AcquireArgs;
 use gpu_mps_api::inventory::Inventory;
-use gpu_mps_api::node_config::LimitPolicy;
 use gpu_mps_api::{ContainerId, DaemonKey, Limits, NodeConfig};
 use serde_json::Value;
 
 use crate::error::ShimError;
-use crate::gpu_devices::{self, DeviceRequest, VISIBLE_DEVICES_ENV};
-use crate::request::{self, CriIdentity, ResolvedLimits, ResolvedRequest};
+use crate::gpu_devices::{self, DeviceRequest};
+use crate::request::{self, CriIdentity, NodeRules, ResolvedLimits, ResolvedRequest};
 use crate::rewrite::{self, RewriteError};
 use crate::spec_fields;
 
@@ -30,7 +29,7 @@ pub struct RewritePlan {
     pub resolved_limits: Option<ResolvedLimits>,
     pub acquire: Option<AcquireArgs>,
     /// The host directory the container sees at /tmp/nvidia-mps, which the shim creates: the
-    /// daemon's pipe dir, or the container's gate dir under policy `exact`.
+    /// container's gate dir (under every policy, docs/adr/0006).
     pub client_pipe_dir: Option<PathBuf>,
     /// One line saying why, for debug logs and `gpu-mps explain`.
     pub reason: String,
@@ -46,8 +45,9 @@ pub struct ParsedSpec {
     passthrough_reason: Option<String>,
 }
 
-/// Parses config.json text and finds its GPUs. A spec whose annotations, env or CDI device
-/// names are malformed is an error: the shim cannot tell whether it has a GPU.
+/// Parses config.json text and finds its GPUs. A spec whose annotations, env, linux.devices,
+/// mounts or CDI device names are malformed is an error: the shim cannot tell whether it has a
+/// GPU.
 pub fn parse_spec(text: &str) -> Result<ParsedSpec, ShimError> {
     let spec = spec_fields::parse(text)?;
     let annotations = spec_fields::annotations(&spec)?;
@@ -64,17 +64,18 @@ pub fn parse_spec(text: &str) -> Result<ParsedSpec, ShimError> {
         });
     }
     let env = spec_fields::env(&spec)?;
-    let devices = gpu_devices::requested(&env, &annotations)?;
-    let passthrough_reason = devices.is_none().then(|| {
-        let visible = match gpu_devices::visible_devices(&env) {
-            Some(value) => format!("{VISIBLE_DEVICES_ENV}={value:?}"),
-            None => format!("no {VISIBLE_DEVICES_ENV}"),
-        };
-        format!(
-            "passthrough: no GPU ({visible}, no CDI {} device)",
-            gpu_devices::CDI_GPU_KIND
-        )
-    });
+    let linux_devices = spec_fields::linux_devices(&spec)?;
+    let mounts = spec_fields::mounts(&spec)?;
+    let fields = gpu_devices::SpecDevices {
+        env: &env,
+        annotations: &annotations,
+        linux_devices: &linux_devices,
+        mounts: &mounts,
+    };
+    // A trusted source naming a GPU makes this Some: from here on the container is rewritten
+    // or refused, never passed through.
+    let devices = gpu_devices::requested(fields)?;
+    let passthrough_reason = devices.is_none().then(|| gpu_devices::no_gpu_reason(fields));
     Ok(ParsedSpec {
         spec,
         annotations,
@@ -95,7 +96,7 @@ impl ParsedSpec {
     }
 
     /// Resolves the request against the node's config and GPUs and rewrites the spec.
-    /// `container_id` names the container's gate dir under policy `exact`.
+    /// `container_id` names the container's gate dir.
     pub fn plan(
         self,
         config: &NodeConfig,
@@ -115,29 +116,41 @@ impl ParsedSpec {
             });
         };
         let identity = CriIdentity::from_annotations(&self.annotations);
-        let resolved =
-            request::resolve_limits(&self.annotations, &identity.container_name, config.default_limits)?;
-        let daemon = gpu_devices::resolve(devices, inventory)?;
-        let client_pipe_dir = match config.policy {
-            LimitPolicy::Exact => config.gate_dir(&ContainerId::parse(container_id)?),
-            LimitPolicy::Uniform | LimitPolicy::Ceiling => config.pipe_dir(&daemon),
+        let (maxima, maxima_scope) = config.maxima_for(&identity.namespace);
+        let rules = NodeRules {
+            default_limits: config.default_limits,
+            default_cuda_processes: config.default_cuda_processes,
+            maxima,
+            maxima_scope: &maxima_scope,
         };
+        let resolved = request::resolve_limits(&self.annotations, &identity.container_name, rules)?;
+        let daemon = gpu_devices::resolve(devices, inventory)?;
+        // Under every policy the container sees only its gate's `control`, never the daemon's
+        // pipe dir: that one holds `control_privileged`, through which a root pod could change
+        // or quit the daemon (measured on the H200, MPS-FACTS.md "Hostile tenants").
+        let client_pipe_dir = config.gate_dir(&ContainerId::parse(container_id)?);
+        let env = spec_fields::env(&self.spec)?;
         let request = ResolvedRequest {
             daemon: daemon.clone(),
             limits: resolved.limits,
+            cuda_processes: resolved.cuda_processes,
             identity,
             client_pipe_dir: client_pipe_dir.clone(),
+            narrow_visible_devices: devices.trusted() && gpu_devices::env_names_devices(&env),
         };
         let mut spec = self.spec;
         let acquire = rewrite::rewrite(&mut spec, &request, config)?;
         let mut origins: Vec<String> = devices.devices.iter().map(|d| d.origin.to_string()).collect();
         origins.dedup();
         let reason = format!(
-            "rewrite: GPUs {daemon} from {}; limits {} (memory from {}, threads from {}); daemon {}; policy {}: /tmp/nvidia-mps is {}",
+            "rewrite: GPUs {daemon} from {}; limits {} for {} CUDA process(es), {} each (memory from {}, threads from {}, processes from {}); daemon {}; policy {}: /tmp/nvidia-mps is the gate {}",
             origins.join(" and "),
             resolved.limits,
+            resolved.cuda_processes,
+            resolved.per_process(),
             resolved.memory_source,
             resolved.threads_source,
+            resolved.processes_source,
             daemon.dir_name(),
             config.policy,
             client_pipe_dir.display(),

@@ -2,16 +2,20 @@
 //! default, and who is asking (namespace, pod, container) for the manager.
 //!
 //! Per field: `<container-name>.gpu-mps.io/<field>` (container-level), then `gpu-mps.io/<field>`
-//! (pod-level, or `ctr run --annotation`), then the node default.
+//! (pod-level, or `ctr run --annotation`), then the node default. Fields: memory-limit (the
+//! container's total), active-thread-percentage, cuda-processes. Then the node's maximums for
+//! the container's namespace.
 
 use std::collections::HashMap;
 use std::fmt;
 use std::path::PathBuf;
 
 use gpu_mps_api::annotations::{
-    self, ACTIVE_THREAD_PERCENTAGE, CRI_CONTAINER_NAME, CRI_SANDBOX_NAME, CRI_SANDBOX_NAMESPACE, MEMORY_LIMIT,
+    self, ACTIVE_THREAD_PERCENTAGE, CRI_CONTAINER_NAME, CRI_SANDBOX_NAME, CRI_SANDBOX_NAMESPACE,
+    CUDA_PROCESSES, MEMORY_LIMIT,
 };
 use gpu_mps_api::limits::{self, LimitError};
+use gpu_mps_api::maxima::{Maxima, MaximaError};
 use gpu_mps_api::{DaemonKey, Limits};
 use thiserror::Error;
 
@@ -38,9 +42,19 @@ impl fmt::Display for LimitSource {
 /// The limits and where each came from.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ResolvedLimits {
+    /// The container's limits: memory is the total of its CUDA processes.
     pub limits: Limits,
+    pub cuda_processes: u32,
     pub memory_source: LimitSource,
     pub threads_source: LimitSource,
+    pub processes_source: LimitSource,
+}
+
+impl ResolvedLimits {
+    /// What each CUDA process of the container gets.
+    pub fn per_process(&self) -> Limits {
+        self.limits.per_process(self.cuda_processes)
+    }
 }
 
 /// Who the container is, from the CRI plugin's annotations; empty strings when absent (ctr).
@@ -66,11 +80,17 @@ impl CriIdentity {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ResolvedRequest {
     pub daemon: DaemonKey,
+    /// The container's limits (memory: the total of its CUDA processes).
     pub limits: Limits,
+    pub cuda_processes: u32,
     pub identity: CriIdentity,
-    /// The host directory mounted at /tmp/nvidia-mps: the daemon's pipe dir, or under policy
-    /// `exact` the container's gate dir.
+    /// The host directory mounted at /tmp/nvidia-mps: the container's gate dir, under every
+    /// policy (docs/adr/0006).
     pub client_pipe_dir: PathBuf,
+    /// The GPUs came from sources the pod cannot write, and its own `NVIDIA_VISIBLE_DEVICES`
+    /// names devices: it is set to these GPUs, so that a runtime after the shim
+    /// (nvidia-container-runtime) does not hand the container the GPUs the pod wrote there.
+    pub narrow_visible_devices: bool,
 }
 
 #[derive(Debug, Error, PartialEq, Eq)]
@@ -92,6 +112,8 @@ pub enum RequestError {
         container_hint: String,
         config_key: &'static str,
     },
+    #[error("{0}")]
+    AboveMaximum(MaximaError),
 }
 
 /// One limit field: its annotation, how to parse it, and how to explain it.
@@ -101,7 +123,6 @@ struct Field<T> {
     allowed: &'static str,
     config_key: &'static str,
     parse: fn(&str) -> Result<T, LimitError>,
-    default: fn(&Limits) -> T,
 }
 
 const MEMORY: Field<u64> = Field {
@@ -110,7 +131,6 @@ const MEMORY: Field<u64> = Field {
     allowed: "a Kubernetes quantity of at least 64Mi, e.g. 4Gi",
     config_key: "limits.default_memory_limit",
     parse: limits::parse_memory_limit,
-    default: |l| l.memory_bytes,
 };
 
 const THREADS: Field<u8> = Field {
@@ -119,25 +139,66 @@ const THREADS: Field<u8> = Field {
     allowed: "a whole number from 1 to 100",
     config_key: "limits.default_active_thread_percentage",
     parse: limits::parse_thread_percentage,
-    default: |l| l.thread_percentage,
 };
 
-/// Resolves both limits; `container_name` is empty when the spec does not come from CRI.
+const PROCESSES: Field<u32> = Field {
+    base: CUDA_PROCESSES,
+    describe: "number of CUDA processes",
+    allowed: "a whole number from 1 to 48",
+    config_key: "limits.default_cuda_processes",
+    parse: limits::parse_cuda_processes,
+};
+
+/// What a container may ask for at most, and the defaults of what it does not ask for.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct NodeRules<'a> {
+    pub default_limits: Option<Limits>,
+    pub default_cuda_processes: u32,
+    pub maxima: Maxima,
+    /// Whose maximums they are, for the message: "this node", "namespace team-a".
+    pub maxima_scope: &'a str,
+}
+
+/// Resolves the limits and the number of CUDA processes, and checks them against the node's
+/// maximums; `container_name` is empty when the spec does not come from CRI.
 pub fn resolve_limits(
     annotations: &HashMap<String, String>,
     container_name: &str,
-    node_default: Option<Limits>,
+    rules: NodeRules<'_>,
 ) -> Result<ResolvedLimits, RequestError> {
-    let (memory_bytes, memory_source) = resolve_field(&MEMORY, annotations, container_name, node_default)?;
-    let (thread_percentage, threads_source) =
-        resolve_field(&THREADS, annotations, container_name, node_default)?;
+    let defaults = rules.default_limits;
+    let (memory_bytes, memory_source) = resolve_field(
+        &MEMORY,
+        annotations,
+        container_name,
+        defaults.map(|l| l.memory_bytes),
+    )?;
+    let (thread_percentage, threads_source) = resolve_field(
+        &THREADS,
+        annotations,
+        container_name,
+        defaults.map(|l| l.thread_percentage),
+    )?;
+    let (cuda_processes, processes_source) = resolve_field(
+        &PROCESSES,
+        annotations,
+        container_name,
+        Some(rules.default_cuda_processes),
+    )?;
+    let limits = Limits {
+        memory_bytes,
+        thread_percentage,
+    };
+    rules
+        .maxima
+        .check(limits, cuda_processes, rules.maxima_scope)
+        .map_err(RequestError::AboveMaximum)?;
     Ok(ResolvedLimits {
-        limits: Limits {
-            memory_bytes,
-            thread_percentage,
-        },
+        limits,
+        cuda_processes,
         memory_source,
         threads_source,
+        processes_source,
     })
 }
 
@@ -145,7 +206,7 @@ fn resolve_field<T>(
     field: &Field<T>,
     annotations: &HashMap<String, String>,
     container_name: &str,
-    node_default: Option<Limits>,
+    node_default: Option<T>,
 ) -> Result<(T, LimitSource), RequestError> {
     let mut keys = Vec::with_capacity(2);
     if !container_name.is_empty() {
@@ -168,7 +229,7 @@ fn resolve_field<T>(
         }
     }
     match node_default {
-        Some(limits) => Ok(((field.default)(&limits), LimitSource::NodeDefault)),
+        Some(value) => Ok((value, LimitSource::NodeDefault)),
         None => Err(RequestError::Missing {
             field: field.describe,
             who: if container_name.is_empty() {
@@ -209,6 +270,76 @@ mod tests {
             memory_bytes: 2 * GI,
             thread_percentage: 10,
         })
+    }
+
+    fn rules(default_limits: Option<Limits>) -> NodeRules<'static> {
+        NodeRules {
+            default_limits,
+            default_cuda_processes: 1,
+            maxima: Maxima::default(),
+            maxima_scope: "this node",
+        }
+    }
+
+    #[test]
+    fn cuda_processes_come_from_annotations_or_the_node_default() {
+        let a = annotations(&[(MEMORY_LIMIT, "4Gi"), (CUDA_PROCESSES, "4")]);
+        let r = resolve_limits(&a, "infer", rules(default())).unwrap();
+        assert_eq!(r.cuda_processes, 4);
+        assert_eq!(
+            r.processes_source,
+            LimitSource::PodAnnotation(CUDA_PROCESSES.into())
+        );
+        assert_eq!(r.per_process().memory_bytes, GI);
+        let a = annotations(&[(CUDA_PROCESSES, "4"), ("infer.gpu-mps.io/cuda-processes", "2")]);
+        assert_eq!(
+            resolve_limits(&a, "infer", rules(default()))
+                .unwrap()
+                .cuda_processes,
+            2
+        );
+        let mut node = rules(default());
+        node.default_cuda_processes = 3;
+        let r = resolve_limits(&HashMap::new(), "infer", node).unwrap();
+        assert_eq!(
+            (r.cuda_processes, r.processes_source),
+            (3, LimitSource::NodeDefault)
+        );
+        let e = resolve_limits(&annotations(&[(CUDA_PROCESSES, "0")]), "infer", rules(default()))
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.starts_with("annotation gpu-mps.io/cuda-processes=\"0\": ") && e.contains("1 to 48"),
+            "{e}"
+        );
+    }
+
+    #[test]
+    fn the_node_maximums_refuse_with_one_line() {
+        let mut node = rules(default());
+        node.maxima = Maxima {
+            memory_bytes: Some(4 * GI),
+            thread_percentage: 50,
+            cuda_processes: 2,
+        };
+        node.maxima_scope = "namespace team-a";
+        let e = resolve_limits(&annotations(&[(MEMORY_LIMIT, "8Gi")]), "infer", node)
+            .unwrap_err()
+            .to_string();
+        assert_eq!(
+            e,
+            "memory limit 8Gi is above the maximum 4Gi for namespace team-a (limits.max_memory_limit in the gpu-mps node config)"
+        );
+        assert!(resolve_limits(&annotations(&[(ACTIVE_THREAD_PERCENTAGE, "75")]), "infer", node).is_err());
+        assert!(resolve_limits(&annotations(&[(CUDA_PROCESSES, "3")]), "infer", node).is_err());
+        assert!(
+            resolve_limits(
+                &annotations(&[(MEMORY_LIMIT, "4Gi"), (CUDA_PROCESSES, "2")]),
+                "infer",
+                node
+            )
+            .is_ok()
+        );
     }
 
     #[test]
@@ -266,7 +397,7 @@ mod tests {
             ),
         ];
         for (pairs, node_default, memory, threads, memory_source, threads_source) in cases {
-            let r = resolve_limits(&annotations(pairs), "infer", *node_default).unwrap();
+            let r = resolve_limits(&annotations(pairs), "infer", rules(*node_default)).unwrap();
             assert_eq!(
                 r.limits,
                 Limits {
@@ -283,7 +414,7 @@ mod tests {
     #[test]
     fn without_a_container_name_only_pod_keys_count() {
         let a = annotations(&[(".gpu-mps.io/memory-limit", "8Gi"), (MEMORY_LIMIT, "4Gi")]);
-        let r = resolve_limits(&a, "", default()).unwrap();
+        let r = resolve_limits(&a, "", rules(default())).unwrap();
         assert_eq!(r.limits.memory_bytes, 4 * GI);
     }
 
@@ -326,7 +457,7 @@ mod tests {
             ),
         ];
         for (key, value, allowed) in cases {
-            let e = resolve_limits(&annotations(&[(key, value)]), "infer", default())
+            let e = resolve_limits(&annotations(&[(key, value)]), "infer", rules(default()))
                 .unwrap_err()
                 .to_string();
             let named = format!("annotation {key}={value:?}: ");
@@ -334,7 +465,8 @@ mod tests {
             assert!(e.contains(allowed) && e.ends_with("(set it on the pod)"), "{e}");
             assert!(!e.contains('\n'), "{e}");
         }
-        let e = resolve_limits(&annotations(&[(MEMORY_LIMIT, "4GB")]), "infer", default()).unwrap_err();
+        let e =
+            resolve_limits(&annotations(&[(MEMORY_LIMIT, "4GB")]), "infer", rules(default())).unwrap_err();
         assert_eq!(
             e.to_string(),
             "annotation gpu-mps.io/memory-limit=\"4GB\": \"4GB\" has unknown suffix \"GB\": \
@@ -344,7 +476,7 @@ mod tests {
 
     #[test]
     fn a_missing_limit_says_where_to_set_it() {
-        let e = resolve_limits(&annotations(&[(MEMORY_LIMIT, "4Gi")]), "infer", None)
+        let e = resolve_limits(&annotations(&[(MEMORY_LIMIT, "4Gi")]), "infer", rules(None))
             .unwrap_err()
             .to_string();
         assert_eq!(
@@ -354,7 +486,9 @@ mod tests {
              infer.gpu-mps.io/active-thread-percentage for this container only, or a node default \
              (limits.default_active_thread_percentage in the gpu-mps node config)"
         );
-        let e = resolve_limits(&HashMap::new(), "", None).unwrap_err().to_string();
+        let e = resolve_limits(&HashMap::new(), "", rules(None))
+            .unwrap_err()
+            .to_string();
         assert_eq!(
             e,
             "no memory limit for this container: set the pod annotation gpu-mps.io/memory-limit \

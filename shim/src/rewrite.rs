@@ -15,6 +15,7 @@ use oci_spec::runtime::{HookBuilder, MountBuilder};
 use serde_json::Value;
 use thiserror::Error;
 
+use crate::gpu_devices::VISIBLE_DEVICES_ENV;
 use crate::request::ResolvedRequest;
 use crate::spec_fields::{self, SpecError, array_entry, object_entry, root_object};
 
@@ -55,6 +56,9 @@ pub fn acquire_args(request: &ResolvedRequest, config: &NodeConfig) -> AcquireAr
         namespace: request.identity.namespace.clone(),
         pod: request.identity.pod.clone(),
         container_name: request.identity.container_name.clone(),
+        cuda_processes: request.cuda_processes,
+        policy: config.policy.to_string(),
+        config_digest: config.digest(),
     }
 }
 
@@ -107,17 +111,28 @@ fn rewrite_in_place(
 
     let process = object_entry(root, "process", "process")?;
     let limits = request.limits;
+    // What each CUDA process gets: the server holds it there under policy exact; the env says
+    // it too, for frameworks that read it and for policy ceiling.
+    let each = limits.per_process(request.cuda_processes);
     let ours = [
         format!("CUDA_MPS_PIPE_DIRECTORY={CONTAINER_PIPE_DIR}"),
-        format!("CUDA_MPS_ACTIVE_THREAD_PERCENTAGE={}", limits.thread_percentage),
+        format!("CUDA_MPS_ACTIVE_THREAD_PERCENTAGE={}", each.thread_percentage),
         format!(
             "CUDA_MPS_PINNED_DEVICE_MEM_LIMIT={}",
-            limits.mps_memory_env(request.daemon.gpu_uuids().len())
+            each.mps_memory_env(request.daemon.gpu_uuids().len())
         ),
     ];
+    let narrowed = format!("{VISIBLE_DEVICES_ENV}={}", request.daemon.gpu_uuids().join(","));
     let new_env = env
         .into_iter()
         .filter(|e| !owned_env(e))
+        .map(|e| {
+            if request.narrow_visible_devices && is_visible_devices(&e) {
+                narrowed.clone()
+            } else {
+                e
+            }
+        })
         .chain(ours)
         .map(Value::String)
         .collect();
@@ -140,9 +155,20 @@ fn rewrite_in_place(
 
     let annotations = object_entry(root, "annotations", "annotations")?;
     annotations.insert(DAEMON.to_string(), Value::String(request.daemon.dir_name()));
-    annotations.insert(LIMITS.to_string(), Value::String(limits.to_string()));
+    let limits_text = if request.cuda_processes == 1 {
+        limits.to_string()
+    } else {
+        format!("{limits} in {} CUDA processes of {each}", request.cuda_processes)
+    };
+    annotations.insert(LIMITS.to_string(), Value::String(limits_text));
 
     Ok(acquire)
+}
+
+fn is_visible_devices(entry: &str) -> bool {
+    entry
+        .strip_prefix(VISIBLE_DEVICES_ENV)
+        .is_some_and(|rest| rest.starts_with('='))
 }
 
 /// Whether an env entry is one the shim removes.
@@ -204,12 +230,14 @@ mod tests {
                 memory_bytes: 4 << 30,
                 thread_percentage: 25,
             },
+            cuda_processes: 1,
             identity: CriIdentity {
                 namespace: "ns".into(),
                 pod: "pod".into(),
                 container_name: "infer".into(),
             },
-            client_pipe_dir: format!("/run/gpu-mps/daemons/{UUID}/pipe").into(),
+            client_pipe_dir: "/run/gpu-mps/gates/0123456789abcdef".into(),
+            narrow_visible_devices: false,
         }
     }
 
@@ -258,7 +286,7 @@ mod tests {
             json!({
                 "destination": "/tmp/nvidia-mps",
                 "type": "bind",
-                "source": format!("/run/gpu-mps/daemons/{UUID}/pipe"),
+                "source": "/run/gpu-mps/gates/0123456789abcdef",
                 "options": ["rbind", "ro", "nosuid", "nodev", "noexec"]
             })
         );
@@ -302,6 +330,61 @@ mod tests {
             "{env:?}"
         );
         assert_eq!(s["annotations"][DAEMON], r.daemon.dir_name());
+    }
+
+    #[test]
+    fn the_env_gives_each_process_its_share() {
+        let mut r = request();
+        r.cuda_processes = 4;
+        let mut s = spec();
+        let acquire = rewrite(&mut s, &r, &NodeConfig::default()).unwrap();
+        assert_eq!(acquire.cuda_processes, 4);
+        assert_eq!(acquire.limits, r.limits, "the manager gets the container's total");
+        let env = s["process"]["env"].as_array().unwrap();
+        assert!(
+            env.contains(&json!("CUDA_MPS_PINNED_DEVICE_MEM_LIMIT=0=1024M")),
+            "{env:?}"
+        );
+        assert!(
+            env.contains(&json!("CUDA_MPS_ACTIVE_THREAD_PERCENTAGE=25")),
+            "{env:?}"
+        );
+        assert_eq!(s["annotations"][LIMITS], "4Gi/25% in 4 CUDA processes of 1Gi/25%");
+    }
+
+    #[test]
+    fn a_pod_written_visible_devices_is_narrowed_to_the_gpus_it_was_given() {
+        let mut r = request();
+        r.narrow_visible_devices = true;
+        let mut s = spec();
+        s["process"]["env"]
+            .as_array_mut()
+            .unwrap()
+            .push(json!("NVIDIA_VISIBLE_DEVICES=all"));
+        rewrite(&mut s, &r, &NodeConfig::default()).unwrap();
+        let env = s["process"]["env"].as_array().unwrap();
+        let visible: Vec<_> = env
+            .iter()
+            .filter(|e| e.as_str().unwrap().starts_with("NVIDIA_VISIBLE_DEVICES="))
+            .collect();
+        assert_eq!(visible, [&json!(format!("NVIDIA_VISIBLE_DEVICES={UUID}")); 2]);
+        // Not narrowed: the env is left as the pod wrote it.
+        let mut s = spec();
+        rewrite(&mut s, &request(), &NodeConfig::default()).unwrap();
+        assert!(
+            s["process"]["env"]
+                .as_array()
+                .unwrap()
+                .contains(&json!("NVIDIA_VISIBLE_DEVICES=0"))
+        );
+    }
+
+    #[test]
+    fn the_hook_carries_the_policy_and_config_digest() {
+        let config = NodeConfig::default();
+        let acquire = rewrite(&mut spec(), &request(), &config).unwrap();
+        assert_eq!(acquire.policy, "exact");
+        assert_eq!(acquire.config_digest, config.digest());
     }
 
     #[test]

@@ -10,6 +10,7 @@
 use std::collections::HashMap;
 
 use oci_spec::runtime::{Hooks, Mount};
+use serde::Deserialize;
 use serde::de::DeserializeOwned;
 use serde_json::{Map, Value};
 use thiserror::Error;
@@ -68,6 +69,58 @@ pub fn mounts(spec: &Value) -> Result<Vec<Mount>, SpecError> {
     Ok(read(spec, "mounts")?.unwrap_or_default())
 }
 
+/// One entry of `linux.devices`: a device node runc creates in the container. Read into a type
+/// of its own rather than oci-spec's `LinuxDevice`, which turns an absent major or minor into 0
+/// and so cannot tell "no numbers" from `/dev/nvidia0`'s own 195:0.
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+pub struct DeviceNode {
+    pub path: String,
+    #[serde(rename = "type")]
+    pub kind: DeviceKind,
+    #[serde(default)]
+    pub major: Option<i64>,
+    #[serde(default)]
+    pub minor: Option<i64>,
+}
+
+/// The device types of the OCI runtime spec.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+pub enum DeviceKind {
+    #[serde(rename = "c")]
+    Char,
+    /// Unbuffered character device: a character device too.
+    #[serde(rename = "u")]
+    Unbuffered,
+    #[serde(rename = "b")]
+    Block,
+    #[serde(rename = "p")]
+    Fifo,
+}
+
+impl DeviceKind {
+    pub fn is_char(self) -> bool {
+        matches!(self, DeviceKind::Char | DeviceKind::Unbuffered)
+    }
+}
+
+/// `linux.devices` (absent: empty). An entry that is not an OCI device fails with its position
+/// and what it must look like.
+pub fn linux_devices(spec: &Value) -> Result<Vec<DeviceNode>, SpecError> {
+    let entries: Vec<Value> = read(spec, "linux.devices")?.unwrap_or_default();
+    entries
+        .iter()
+        .enumerate()
+        .map(|(i, entry)| {
+            DeviceNode::deserialize(entry).map_err(|e| SpecError::Field {
+                field: "linux.devices",
+                message: format!(
+                    "entry {i} {entry}: {e}: each entry is {{\"path\", \"type\": c|u|b|p, \"major\", \"minor\"}} as in the OCI runtime spec (fix the device plugin, CDI spec or runtime that added it)"
+                ),
+            })
+        })
+        .collect()
+}
+
 /// `hooks` (absent: none).
 pub fn hooks(spec: &Value) -> Result<Option<Hooks>, SpecError> {
     read(spec, "hooks")
@@ -124,6 +177,33 @@ mod tests {
         assert!(mounts(&spec).unwrap().is_empty());
         assert!(hooks(&spec).unwrap().is_none());
         assert!(masked_paths(&spec).unwrap().is_empty());
+        assert!(linux_devices(&spec).unwrap().is_empty());
+        assert!(
+            linux_devices(&json!({ "linux": { "devices": null } }))
+                .unwrap()
+                .is_empty()
+        );
+    }
+
+    #[test]
+    fn linux_devices_keep_absent_numbers_absent() {
+        let spec = json!({ "linux": { "devices": [
+            { "path": "/dev/nvidia0", "type": "c", "major": 195, "minor": 0, "fileMode": 438, "uid": 0 },
+            { "path": "/dev/nvidia1", "type": "u" },
+            { "path": "/dev/sda", "type": "b", "major": 8, "minor": 0 }
+        ] } });
+        let devices = linux_devices(&spec).unwrap();
+        assert_eq!(
+            devices[0],
+            DeviceNode {
+                path: "/dev/nvidia0".into(),
+                kind: DeviceKind::Char,
+                major: Some(195),
+                minor: Some(0)
+            }
+        );
+        assert_eq!((devices[1].major, devices[1].minor), (None, None));
+        assert!(devices[1].kind.is_char() && !devices[2].kind.is_char());
     }
 
     #[test]
@@ -135,6 +215,19 @@ mod tests {
             (json!({ "mounts": [{ "type": "bind" }] }), "mounts"),
             (json!({ "linux": { "maskedPaths": "/x" } }), "linux.maskedPaths"),
             (json!({ "hooks": { "poststop": [{ "args": [] }] } }), "hooks"),
+            (json!({ "linux": { "devices": {} } }), "linux.devices"),
+            (
+                json!({ "linux": { "devices": [{ "path": "/dev/nvidia0", "type": "c", "major": "195" }] } }),
+                "linux.devices",
+            ),
+            (
+                json!({ "linux": { "devices": [{ "path": "/dev/nvidia0", "type": "x" }] } }),
+                "linux.devices",
+            ),
+            (
+                json!({ "linux": { "devices": [{ "type": "c", "major": 195, "minor": 0 }] } }),
+                "linux.devices",
+            ),
         ];
         for (spec, field) in cases {
             let errors = [
@@ -143,6 +236,7 @@ mod tests {
                 mounts(&spec).err(),
                 masked_paths(&spec).err(),
                 hooks(&spec).err(),
+                linux_devices(&spec).err(),
             ];
             let e = errors
                 .into_iter()

@@ -106,6 +106,11 @@ impl Fixture {
     fn log(&self) -> PathBuf {
         self.path("log.json")
     }
+    /// The dir the container sees at /tmp/nvidia-mps: its gate dir, under every policy.
+    fn gate_dir(&self, id: &str) -> PathBuf {
+        let id = gpu_mps_api::ContainerId::parse(id).unwrap();
+        self.root().join("gates").join(id.gate_name())
+    }
     fn pipe_dir(&self, uuid: &str) -> PathBuf {
         self.root().join("daemons").join(uuid).join("pipe")
     }
@@ -120,14 +125,14 @@ impl Fixture {
     }
 
     /// The config.json the library plans for this node, which the binary must have written.
-    fn planned(&self, input: &str) -> String {
+    fn planned(&self, input: &str, id: &str) -> String {
         let config = NodeConfig::from_toml(
             &fs::read_to_string(self.node_config()).unwrap(),
             &self.node_config(),
         )
         .unwrap();
         let inventory = Inventory::from_json(&fs::read_to_string(self.inventory()).unwrap()).unwrap();
-        plan_rewrite(input, &config, &inventory, CREATED_ID)
+        plan_rewrite(input, &config, &inventory, id)
             .unwrap()
             .rewritten
             .unwrap()
@@ -212,11 +217,15 @@ fn create_rewrites_the_spec_makes_the_pipe_dir_and_passes_the_arguments_unchange
     assert_eq!(f.runc_argv(), Some(strings(&args)));
     assert_eq!(
         fs::read_to_string(f.config_json()).unwrap(),
-        f.planned(&golden_input("env-uuid"))
+        f.planned(&golden_input("env-uuid"), "b7e1d3f5a9c2")
     );
     assert_eq!(mode(&f.config_json()), 0o644);
-    assert!(f.pipe_dir(GPU0).is_dir());
-    assert_eq!(mode(&f.pipe_dir(GPU0)), 0o755);
+    assert!(f.gate_dir("b7e1d3f5a9c2").is_dir());
+    assert_eq!(mode(&f.gate_dir("b7e1d3f5a9c2")), 0o755);
+    assert!(
+        !f.pipe_dir(GPU0).exists(),
+        "the daemon's pipe dir is never the container's: it holds control_privileged"
+    );
     assert!(!f.log().exists(), "nothing is logged on success");
     assert_eq!(
         fs::read_dir(f.bundle()).unwrap().count(),
@@ -271,10 +280,7 @@ fn every_form_of_the_bundle_argument() {
         assert_eq!(f.runc_argv(), Some(args.clone()), "{form}");
         let spec: Value = serde_json::from_str(&fs::read_to_string(f.config_json()).unwrap()).unwrap();
         assert_eq!(spec["annotations"]["gpu-mps.io/limits"], "4Gi/25%", "{form}");
-        assert!(
-            f.pipe_dir("GPU-9e2f7c3d-0b4a-41e6-8d5c-2a7b9f1e3d02").is_dir(),
-            "{form}"
-        );
+        assert!(f.gate_dir(CREATED_ID).is_dir(), "{form}");
     }
 }
 
@@ -439,7 +445,7 @@ fn pipe_dir_and_config_modes_do_not_depend_on_the_umask() {
     ]);
     let out = spawn(cmd);
     assert!(out.status.success(), "{}", stderr(&out));
-    let mut dir = f.pipe_dir(GPU0);
+    let mut dir = f.gate_dir(CREATED_ID);
     while dir != f.root() {
         assert_eq!(mode(&dir), 0o755, "{}", dir.display());
         dir.pop();
@@ -565,4 +571,46 @@ fn under_policy_exact_an_id_that_cannot_name_a_dir_fails_the_create() {
     );
     assert_eq!(f.runc_argv(), None, "runc must not run");
     assert!(!f.root().join("escape").exists() && !f.root().join("gates").exists());
+}
+
+#[test]
+fn the_config_the_running_manager_published_wins_over_an_edited_file() {
+    let f = Fixture::with_config("env-uuid", "[limits]\npolicy = \"uniform\"\n");
+    let file =
+        NodeConfig::from_toml(&fs::read_to_string(f.node_config()).unwrap(), &f.node_config()).unwrap();
+    // The manager started with policy exact; config.toml was edited to uniform since.
+    let mut running = file.clone();
+    running.policy = gpu_mps_api::node_config::LimitPolicy::Exact;
+    let published = gpu_mps_api::node_config::PublishedConfig::new(running.clone(), &f.node_config(), 4242);
+    fs::create_dir_all(f.root()).unwrap();
+    fs::write(file.published_path(), serde_json::to_string(&published).unwrap()).unwrap();
+    let out = f.create_with_json_log();
+    assert!(out.status.success(), "{}", stderr(&out));
+    let spec: Value = serde_json::from_str(&fs::read_to_string(f.config_json()).unwrap()).unwrap();
+    let args = spec["hooks"]["createRuntime"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|h| h["path"] == "/usr/local/bin/gpu-mps-hook" || h["args"][0] == "gpu-mps-hook")
+        .unwrap()["args"]
+        .clone();
+    let args: Vec<&str> = args
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|a| a.as_str().unwrap())
+        .collect();
+    assert!(args.contains(&"--policy=exact"), "{args:?}");
+    assert!(
+        args.contains(&format!("--config-digest={}", running.digest()).as_str()),
+        "{args:?}"
+    );
+    // A published config that does not parse fails the create with one line.
+    fs::write(file.published_path(), "{}").unwrap();
+    let f2 = f;
+    fs::write(f2.config_json(), golden_input("env-uuid")).unwrap();
+    let out = f2.create_with_json_log();
+    assert!(!out.status.success());
+    let e = stderr(&out);
+    assert!(e.contains("node-config.json") && e.contains("restart it"), "{e}");
 }

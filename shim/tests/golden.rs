@@ -180,9 +180,13 @@ fn without_owned_parts(spec: &Value, hook_path: &str) -> Value {
         mounts.retain(|m| Path::new(m["destination"].as_str().unwrap()) != Path::new(CONTAINER_PIPE_DIR));
     }
     if let Some(Value::Array(env)) = root.get_mut("process").and_then(|p| p.get_mut("env")) {
+        // NVIDIA_VISIBLE_DEVICES is the shim's when it narrows a pod-written value to the GPUs
+        // of trusted sources; it keeps its place in the list.
         env.retain(|e| {
             let name = e.as_str().unwrap().split('=').next().unwrap();
-            !name.starts_with(MPS_ENV_PREFIX) && name != MAX_CONNECTIONS_ENV
+            !name.starts_with(MPS_ENV_PREFIX)
+                && name != MAX_CONNECTIONS_ENV
+                && name != "NVIDIA_VISIBLE_DEVICES"
         });
     }
     remove_from_list(root, "linux", "maskedPaths", |p| {
@@ -304,6 +308,18 @@ fn rewriting_a_rewritten_spec_changes_nothing() {
 #[test]
 fn errors_are_one_line_naming_what_was_wrong() {
     let table: &[(&str, &[&str])] = &[
+        (
+            "error-devices-unknown-minor",
+            &[
+                "linux.devices /dev/nvidia0 (195:4)",
+                "no GPU of this node has device minor 4",
+                "known minors: 0=GPU 0",
+            ],
+        ),
+        (
+            "error-devices-malformed",
+            &["config.json: linux.devices: entry 1", "\"195\"", "c|u|b|p"],
+        ),
         (
             "error-memory-unknown-suffix",
             &[

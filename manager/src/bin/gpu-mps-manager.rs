@@ -1,15 +1,20 @@
 //! gpu-mps-manager: the node daemon of gpu-mps.
 
+use std::collections::HashMap;
+use std::ffi::OsString;
+use std::os::fd::OwnedFd;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
 
 use clap::Parser;
 use gpu_mps_api::node_config::{self, NodeConfig};
-use gpu_mps_manager::core::ManagerCore;
+use gpu_mps_manager::core::{ManagerCore, StartOptions};
+use gpu_mps_manager::gate::ListenerStore;
+use gpu_mps_manager::gate_keeper::{self, HeldKind, KeeperClient};
 use gpu_mps_manager::gpu_backend::{FileBackend, GpuBackend, NvmlBackend};
 use gpu_mps_manager::mps_control::CliControl;
-use gpu_mps_manager::server;
+use gpu_mps_manager::{node_guard, server};
 
 /// gpu-mps-manager: runs one multi-user MPS control daemon per GPU set on demand, enforces each
 /// pod's memory and SM limits on the MPS server, accounts GPU capacity, and serves the lease API
@@ -31,6 +36,13 @@ struct Args {
     /// without a GPU (CI). Compute mode changes then only happen in memory.
     #[arg(long, hide = true)]
     fake_inventory: Option<PathBuf>,
+    /// Internal: run as the gate keeper of this state root (the manager starts it itself).
+    #[arg(long, hide = true, value_name = "ROOT")]
+    gate_keeper: Option<PathBuf>,
+    /// Internal: where the gate keeper writes its error lines (default: its stderr, which is
+    /// /dev/null when the manager starts it).
+    #[arg(long, hide = true, value_name = "FILE", requires = "gate_keeper")]
+    gate_keeper_log: Option<PathBuf>,
 }
 
 fn init_logging(format: &str) {
@@ -55,12 +67,37 @@ fn load_config(path: &Path) -> anyhow::Result<NodeConfig> {
     Ok(NodeConfig::load(path)?)
 }
 
-#[tokio::main]
-async fn main() -> anyhow::Result<()> {
+fn main() -> anyhow::Result<()> {
     let args = Args::parse();
+    if let Some(root) = &args.gate_keeper {
+        // Before any thread exists: the keeper blocks SIGHUP on the calling thread only.
+        gate_keeper::run_keeper(root, args.gate_keeper_log.as_deref())?;
+        return Ok(());
+    }
+    tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()?
+        .block_on(manager(args))
+}
+
+async fn manager(args: Args) -> anyhow::Result<()> {
     init_logging(&args.log_format);
     let config = load_config(&args.config)?;
     tracing::info!(version = env!("CARGO_PKG_VERSION"), config = %args.config.display(), root = %config.root.display(), "gpu-mps-manager starting");
+    // Before anything under the root is touched: two managers would both start daemons.
+    let _root_lock = node_guard::lock_root(&config.root)?;
+    let limit = node_guard::raise_descriptor_limit(config.gate_max_connections)?;
+    if limit.now < limit.wanted {
+        tracing::warn!(
+            limit = limit.now,
+            wanted = limit.wanted,
+            "the open-file limit is below what [gate] max_connections may need: raise LimitNOFILE, or lower max_connections"
+        );
+    } else {
+        tracing::info!(before = limit.before, now = limit.now, "open-file limit");
+    }
+    // After the limit is raised (the keeper inherits it), before NVML opens device files.
+    let (keeper, inherited_gates) = start_gate_keeper(&config.root).await;
     let backend: Arc<dyn GpuBackend> = match &args.fake_inventory {
         Some(path) => {
             tracing::warn!(path = %path.display(), "TEST ONLY: GPU inventory from a file, no NVML; never use this on a real node");
@@ -77,7 +114,62 @@ async fn main() -> anyhow::Result<()> {
         std::fs::create_dir_all(dir)?;
     }
     server::claim_socket(&socket)?;
-    let core = Arc::new(ManagerCore::start(config, control, backend).await?);
+    let options = StartOptions {
+        config_source: args.config.clone(),
+        inherited_gates,
+        listener_store: keeper.clone().map(|k| k as Arc<dyn ListenerStore>),
+    };
+    let core = Arc::new(ManagerCore::start_with(config, control, backend, options).await?);
     server::serve(core, &socket).await?;
+    // With no gate left to keep (every lease released), the keeper has nothing to do until the
+    // next manager starts one.
+    if let Some(keeper) = keeper {
+        match tokio::task::spawn_blocking(move || keeper.quit_if_empty()).await {
+            Ok(Ok(true)) => tracing::info!("gate keeper stopped: no gate left"),
+            Ok(Ok(false)) => {
+                tracing::info!("gate keeper left running: it holds the gates of running containers")
+            }
+            Ok(Err(e)) => tracing::warn!(error = %e, "gate keeper"),
+            Err(e) => tracing::warn!(error = %e, "gate keeper"),
+        }
+    }
     Ok(())
+}
+
+/// Finds or starts the gate keeper and takes back the listening sockets a previous manager left
+/// with it. Never fatal: without a keeper the gates work; only a restart leaves them unserved.
+async fn start_gate_keeper(root: &Path) -> (Option<Arc<KeeperClient>>, HashMap<String, OwnedFd>) {
+    let root = root.to_path_buf();
+    let found = tokio::task::spawn_blocking(move || {
+        let exe = std::env::current_exe()?;
+        let keeper_args = [OsString::from("--gate-keeper"), root.clone().into_os_string()];
+        let keeper = KeeperClient::connect_or_spawn(&root, &exe, &keeper_args)?;
+        let pid = keeper.ping()?;
+        let held = keeper.take()?;
+        anyhow::Ok((keeper, pid, held))
+    })
+    .await
+    .map_err(anyhow::Error::from)
+    .and_then(|found| found);
+    let (keeper, pid, held) = match found {
+        Ok(found) => found,
+        Err(e) => {
+            tracing::error!(error = %e, "no gate keeper: while this manager restarts, its gates will not listen");
+            return (None, HashMap::new());
+        }
+    };
+    let mut inherited = HashMap::new();
+    for held in held {
+        match held.kind {
+            HeldKind::Listener => {
+                inherited.insert(held.name, held.fd);
+            }
+            // No manager parks connections yet; one that did would need them served here.
+            HeldKind::Parked => {
+                tracing::warn!(gate = %held.name, "a parked connection from the gate keeper, not served: closed");
+            }
+        }
+    }
+    tracing::info!(pid, inherited = inherited.len(), "gate keeper");
+    (Some(Arc::new(keeper)), inherited)
 }

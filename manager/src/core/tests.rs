@@ -150,6 +150,13 @@ impl MpsControl for FakeControl {
                 Some(srv) => srv.1.get(*dev).cloned().unwrap_or("0".into()),
                 None => format!("Server {s} not found"),
             },
+            ["start_server", "-uid", _] => {
+                // A server pid of its own that no real process has (the fake never signals it).
+                let pid = 4_000_000 + d.servers.len() as u32;
+                let limits = (d.default_threads.clone(), d.default_mem.clone(), Vec::new());
+                d.servers.insert(pid, limits);
+                String::new()
+            }
             ["quit"] => {
                 if let Some(mut c) = d.child.take() {
                     let _ = c.kill();
@@ -177,6 +184,7 @@ fn env(policy: LimitPolicy, tenancy: Tenancy) -> Env {
         gpus: (0..2)
             .map(|i| GpuInfo {
                 index: i,
+                minor: i,
                 uuid: format!("GPU-{i}"),
                 name: "Fake GPU (test double)".into(),
                 memory_bytes: 16 * GIB,
@@ -220,6 +228,8 @@ fn request(id: &str, gpu: &str, gib: u64, pct: u32, ns: &str) -> proto::AcquireR
     r.memory_limit_bytes = gib * GIB;
     r.active_thread_percentage = pct;
     r.namespace = ns.into();
+    // A live process: a lease follows its container's process.
+    r.pid = std::process::id();
     r
 }
 
@@ -685,4 +695,236 @@ async fn exact_serves_a_gate_per_container_and_leaves_the_limits_to_it() {
         "the gate dir of a container being created was removed"
     );
     assert_eq!(m.status().await.leases.len(), 1);
+}
+
+#[tokio::test]
+async fn a_container_laid_out_under_another_config_is_refused() {
+    let e = env(LimitPolicy::Exact, Tenancy::Shared);
+    let m = core(&e).await;
+    let mut r = request("c1", "GPU-0", 4, 25, "ns");
+    r.policy = "uniform".into();
+    let err = m.acquire(r.clone()).await.unwrap_err();
+    assert_eq!(err.code(), ttrpc::Code::FAILED_PRECONDITION);
+    assert!(
+        err.to_string()
+            .starts_with("node config changed since gpu-mps-manager started: restart it"),
+        "{err}"
+    );
+    r.policy = "exact".into();
+    r.config_digest = "0000000000000000".into();
+    assert_eq!(
+        m.acquire(r.clone()).await.unwrap_err().code(),
+        ttrpc::Code::FAILED_PRECONDITION
+    );
+    r.config_digest = e.config.digest();
+    m.acquire(r).await.unwrap();
+}
+
+#[tokio::test]
+async fn the_config_is_published_for_the_shim() {
+    let e = env(LimitPolicy::Uniform, Tenancy::Shared);
+    let _m = core(&e).await;
+    let text = std::fs::read_to_string(e.config.published_path()).unwrap();
+    let published = PublishedConfig::from_json(&text).unwrap();
+    assert_eq!(published.config, e.config);
+    assert_eq!(published.digest, e.config.digest());
+    assert_eq!(published.manager_pid, std::process::id());
+}
+
+#[tokio::test]
+async fn the_node_maximums_hold_at_acquire_too() {
+    let mut e = env(LimitPolicy::Exact, Tenancy::Shared);
+    e.config.namespace_maxima.insert(
+        "team-a".into(),
+        gpu_mps_api::maxima::Maxima {
+            memory_bytes: Some(4 * GIB),
+            thread_percentage: 25,
+            cuda_processes: 2,
+        },
+    );
+    let m = core(&e).await;
+    let err = m
+        .acquire(request("c1", "GPU-0", 8, 25, "team-a"))
+        .await
+        .unwrap_err();
+    assert_eq!(err.code(), ttrpc::Code::INVALID_ARGUMENT);
+    assert!(
+        err.to_string()
+            .contains("above the maximum 4Gi for namespace team-a"),
+        "{err}"
+    );
+    let mut three = request("c2", "GPU-0", 4, 25, "team-a");
+    three.cuda_processes = 3;
+    assert!(m.acquire(three).await.is_err());
+    // Another namespace has the node's maximums.
+    m.acquire(request("c3", "GPU-0", 8, 50, "team-b")).await.unwrap();
+}
+
+#[tokio::test]
+async fn a_lease_needs_the_containers_process() {
+    let e = env(LimitPolicy::Exact, Tenancy::Shared);
+    let m = core(&e).await;
+    let mut r = request("c1", "GPU-0", 4, 25, "ns");
+    r.pid = 0;
+    let err = m.acquire(r).await.unwrap_err();
+    assert_eq!(err.code(), ttrpc::Code::INVALID_ARGUMENT);
+    assert!(err.to_string().contains("no running process"), "{err}");
+    assert!(m.status().await.leases.is_empty());
+}
+
+#[tokio::test]
+async fn a_reused_id_replaces_the_lease_of_a_gone_process_only() {
+    let e = env(LimitPolicy::Exact, Tenancy::Shared);
+    let m = core(&e).await;
+    let mut old = Command::new("sleep").arg("600").spawn().unwrap();
+    let mut r = request("c1", "GPU-0", 4, 25, "ns");
+    r.pid = old.id();
+    m.acquire(r.clone()).await.unwrap();
+    // Same id, another live process, while the first one lives: refused.
+    let mut other = request("c1", "GPU-0", 4, 25, "ns");
+    other.pid = std::process::id();
+    assert_eq!(
+        m.acquire(other.clone()).await.unwrap_err().code(),
+        ttrpc::Code::INVALID_ARGUMENT
+    );
+    // The first process is gone (its release missed): the new container takes the id.
+    old.kill().unwrap();
+    old.wait().unwrap();
+    let resp = m.acquire(other).await.unwrap();
+    assert_eq!(resp.lease.as_ref().unwrap().pid, std::process::id());
+    assert_eq!(m.status().await.leases.len(), 1);
+}
+
+#[tokio::test]
+async fn every_policy_serves_a_gate_and_a_new_daemon_starts_its_server() {
+    for policy in [LimitPolicy::Uniform, LimitPolicy::Ceiling, LimitPolicy::Exact] {
+        let e = env(policy, Tenancy::Shared);
+        let m = core(&e).await;
+        let mut r = request("c1", "GPU-0", 4, 25, "ns");
+        r.cuda_processes = 2;
+        m.acquire(r).await.unwrap();
+        let control = e
+            .config
+            .gate_dir(&ContainerId::parse("c1").unwrap())
+            .join("control");
+        let kind = std::fs::metadata(&control).unwrap().file_type();
+        assert!(std::os::unix::fs::FileTypeExt::is_socket(&kind), "{policy}");
+        assert!(
+            e.control.commands().contains(&START_SERVER.to_string()),
+            "{policy}: {:?}",
+            e.control.commands()
+        );
+        let status = m.status().await;
+        assert_eq!(status.daemons[0].server_pids.len(), 1, "{policy}");
+        assert_eq!(status.leases[0].cuda_processes, 2, "{policy}");
+    }
+}
+
+#[tokio::test]
+async fn every_cuda_process_counts_against_the_clients_of_a_gpu() {
+    let mut e = env(LimitPolicy::Exact, Tenancy::Shared);
+    e.config.maxima.cuda_processes = 48;
+    let m = core(&e).await;
+    let mut big = request("big", "GPU-0", 4, 5, "ns");
+    big.cuda_processes = 40;
+    m.acquire(big).await.unwrap();
+    let mut nine = request("nine", "GPU-0", 1, 5, "ns");
+    nine.cuda_processes = 9;
+    let err = m.acquire(nine).await.unwrap_err();
+    assert_eq!(err.code(), ttrpc::Code::RESOURCE_EXHAUSTED);
+    assert!(err.to_string().contains("40 CUDA processes of 48"), "{err}");
+}
+
+#[tokio::test]
+async fn a_drifted_compute_mode_is_set_again_on_reconcile() {
+    let mut e = env(LimitPolicy::Exact, Tenancy::Shared);
+    e.config.exclusive_process = true;
+    let m = core(&e).await;
+    assert_eq!(e.backend.compute_mode("GPU-0").unwrap(), "ExclusiveProcess");
+    // Someone switches it back behind the manager.
+    e.backend.set_compute_mode("GPU-0", "Default").unwrap();
+    m.reconcile(now_unix()).await;
+    assert_eq!(e.backend.compute_mode("GPU-0").unwrap(), "ExclusiveProcess");
+}
+
+/// Keeps a copy of every gate's listening socket, as the gate keeper does.
+#[derive(Default)]
+struct RecordingStore(Mutex<BTreeMap<String, OwnedFd>>);
+
+impl ListenerStore for RecordingStore {
+    fn keep(&self, name: &str, listener: std::os::fd::BorrowedFd<'_>) -> Result<(), String> {
+        let copy = listener.try_clone_to_owned().map_err(|e| e.to_string())?;
+        self.0.lock().unwrap().insert(name.into(), copy);
+        Ok(())
+    }
+    fn forget(&self, name: &str) -> Result<(), String> {
+        self.0.lock().unwrap().remove(name);
+        Ok(())
+    }
+}
+
+#[tokio::test]
+async fn a_connection_made_while_the_manager_restarts_is_served_by_the_next_one() {
+    use std::io::Read;
+    let e = env(LimitPolicy::Exact, Tenancy::Shared);
+    let store = Arc::new(RecordingStore::default());
+    let options = || StartOptions {
+        config_source: PathBuf::new(),
+        inherited_gates: HashMap::new(),
+        listener_store: Some(store.clone() as Arc<dyn ListenerStore>),
+    };
+    let m = ManagerCore::start_with(e.config.clone(), e.control.clone(), e.backend.clone(), options())
+        .await
+        .unwrap();
+    m.acquire(request("c1", "GPU-0", 4, 25, "ns")).await.unwrap();
+    let id = ContainerId::parse("c1").unwrap();
+    let socket = e.config.gate_dir(&id).join("control");
+    let before = std::os::unix::fs::MetadataExt::ino(&std::fs::metadata(&socket).unwrap());
+    m.shutdown().await;
+    drop(m);
+    // Nobody serves the gate now; the keeper's copy keeps it listening.
+    let client = gate::seqpacket::connect(&socket).expect("connect while no manager runs");
+    client.set_nonblocking(false).unwrap();
+    client
+        .set_read_timeout(Some(std::time::Duration::from_millis(200)))
+        .unwrap();
+    assert!(
+        (&client).read(&mut [0u8; 16]).is_err(),
+        "answered with no manager"
+    );
+    let inherited: HashMap<String, OwnedFd> = store
+        .0
+        .lock()
+        .unwrap()
+        .iter()
+        .map(|(k, v)| (k.clone(), v.try_clone().unwrap()))
+        .collect();
+    assert_eq!(inherited.len(), 1);
+    let m = ManagerCore::start_with(
+        e.config.clone(),
+        e.control.clone(),
+        e.backend.clone(),
+        StartOptions {
+            inherited_gates: inherited,
+            ..options()
+        },
+    )
+    .await
+    .unwrap();
+    client
+        .set_read_timeout(Some(std::time::Duration::from_secs(5)))
+        .unwrap();
+    let mut hello = [0u8; 16];
+    let n = tokio::task::spawn_blocking(move || (&client).read(&mut hello).map(|n| hello[..n].to_vec()))
+        .await
+        .unwrap()
+        .expect("the waiting connection is served by the next manager");
+    assert_eq!(n, gate::wire::HELLO);
+    let after = std::os::unix::fs::MetadataExt::ino(&std::fs::metadata(&socket).unwrap());
+    assert_eq!(before, after, "the same socket, not a new one");
+    assert!(m.release("c1").await.unwrap());
+    assert!(
+        store.0.lock().unwrap().is_empty(),
+        "the keeper drops a released gate's socket"
+    );
 }

@@ -1,32 +1,53 @@
-//! Policy `exact`: the connect gate (docs/adr/0005-policy-exact-connect-gate.md).
+//! The connect gate: the only way a container's processes reach MPS, under every policy
+//! (docs/adr/0005, docs/adr/0006).
 //!
-//! An MPS server gives every client that connects the limits it holds at that moment. Under
-//! `exact` a container does not see the daemon's pipe dir: its /tmp/nvidia-mps is its own gate
-//! dir, holding one `control` socket that the manager serves. On each connection the manager
-//! takes the server's admission lock ([`server_admission`]), sets the server's limits to the
-//! container's (skipped when they are already set), connects to the daemon's real `control`
-//! socket and relays the handshake message by message ([`seqpacket`]), with the client's own
-//! credentials. The daemon hands the client its channel to the server in that handshake, so the
-//! gate is never on the data path; it is out of the picture once the control connections close.
+//! A container's /tmp/nvidia-mps is its own gate dir, holding one `control` socket that the
+//! manager serves; the container never sees the daemon's pipe dir (whose `control_privileged`
+//! lets a root pod change or quit the daemon, measured). On each connection the gate:
+//! 1. answers the daemon's hello itself ([`wire::HELLO`]), so a connection that never speaks
+//!    holds no daemon, only one of its own container's connection slots;
+//! 2. reads the request and lets through only the measured request of a CUDA client; a UI
+//!    session (set, quit, terminate_client, the reads that list other pods' processes) or
+//!    anything else is refused: closed after its request, which a client reports as an error
+//!    (measured), never as a fallback to a direct context;
+//! 3. counts the container's CUDA processes ([`processes`]); one beyond its
+//!    `gpu-mps.io/cuda-processes` is refused the same way;
+//! 4. hands the client to its daemon's owner ([`daemon_admission`]), which serves containers in
+//!    turn, sets the server's limits to the client's share (policy `exact`) and relays the
+//!    request and the daemon's answer, the client's channel to the server. The gate is never on
+//!    the data path.
+//!
+//! Bounds: at most `connections_per_container` connections of a container are open at once
+//! (the rest wait in the listen backlog, which costs the manager no descriptor), and at most
+//! `max_connections` on the node. The listening sockets are also held by the gate keeper
+//! (crate::gate_keeper), so a connection made while the manager restarts waits in the backlog
+//! for the next manager.
 
+pub mod daemon_admission;
+pub mod processes;
 pub mod seqpacket;
-pub mod server_admission;
+pub mod wire;
 
 use std::collections::HashMap;
+use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
 use std::os::unix::net::{UnixListener, UnixStream};
 use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
 use std::sync::{Arc, Mutex as StdMutex};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use gpu_mps_api::{ContainerId, DaemonKey, Limits};
 use thiserror::Error;
 use tokio::io::unix::AsyncFd;
-use tokio::task::{JoinHandle, JoinSet};
-use tracing::{debug, error, info, trace, warn};
+use tokio::sync::{OwnedSemaphorePermit, Semaphore, oneshot};
+use tokio::task::JoinHandle;
+use tracing::{debug, error, info, warn};
 
-use crate::mps_control::{self, ControlError, MpsControl};
-use seqpacket::{Credentials, Step};
-use server_admission::{AdmissionTimings, Applied, EnterError, ServerAdmission};
+use crate::mps_control::{self, MpsControl};
+use crate::process_identity::ProcessIdentity;
+use daemon_admission::{DaemonAdmission, Job, JobDone, Outcome, QueueView, RelayTimings};
+use processes::{Decision, ProcessBudget};
+use wire::Request;
 
 #[derive(Debug, Error)]
 pub enum GateError {
@@ -41,10 +62,26 @@ pub enum GateError {
 /// How long the gate waits, from the node config ([gate] section).
 #[derive(Debug, Clone, Copy)]
 pub struct GateTimings {
-    /// Longest a control connection may stay open through the gate; then it is cut and the
-    /// server's lock goes to the next class.
+    /// Longest wait for the daemon's hello and answer on one relayed connection.
     pub handshake_timeout: Duration,
-    pub admission: AdmissionTimings,
+    /// Longest a CUDA client is kept waiting for its server (limits not set, daemon not
+    /// answering) before the gate refuses it cleanly.
+    pub queue_timeout: Duration,
+}
+
+/// How many connections the gates hold open.
+#[derive(Debug, Clone, Copy)]
+pub struct GateBounds {
+    pub per_container: u32,
+    pub node: u32,
+}
+
+/// Where a gate's listening socket is kept beside the manager, so that it outlives a restart
+/// (crate::gate_keeper). Failures are logged, never fatal: the gate works without it, only a
+/// restart would leave its socket unserved.
+pub trait ListenerStore: Send + Sync {
+    fn keep(&self, name: &str, listener: BorrowedFd<'_>) -> Result<(), String>;
+    fn forget(&self, name: &str) -> Result<(), String>;
 }
 
 /// What one container's gate admits to.
@@ -54,59 +91,140 @@ pub struct GateTarget {
     pub gate_dir: PathBuf,
     pub daemon: DaemonKey,
     pub daemon_pipe_dir: PathBuf,
+    /// The container's limits: memory is the total of its CUDA processes.
     pub limits: Limits,
+    pub cuda_processes: u32,
+    /// Policy `exact`: the gate sets the server's limits to each process's share.
+    pub sets_limits: bool,
     /// namespace/pod or the container id, for logs.
     pub owner: String,
 }
 
-struct OpenGate {
-    task: JoinHandle<()>,
+impl GateTarget {
+    /// The limits the server must hold for each of the container's processes, if the gate
+    /// sets them.
+    pub fn class(&self) -> Option<Limits> {
+        self.sets_limits
+            .then(|| self.limits.per_process(self.cuda_processes))
+    }
 }
 
-/// The open gates of this manager and the admission lock of each daemon.
+/// What a gate did, for `gpu-mps status`.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct GateView {
+    /// The container's CUDA processes with a channel to the server, alive now.
+    pub admitted_pids: Vec<u32>,
+    pub refusals: u32,
+    pub last_refusal: String,
+    pub connections: u32,
+}
+
+/// A gate's own counters; shared by its connections.
+struct GateState {
+    budget: StdMutex<ProcessBudget>,
+    refusals: AtomicU32,
+    last_refusal: StdMutex<String>,
+    connections: AtomicU32,
+    /// A waiting client is logged once, not at every retry.
+    waiting_logged: AtomicBool,
+}
+
+struct OpenGate {
+    task: JoinHandle<()>,
+    state: Arc<GateState>,
+    name: String,
+    /// Set to stop taking connections off the backlog; the gate then finishes the ones it has.
+    stop_accepting: tokio::sync::watch::Sender<bool>,
+}
+
+/// The open gates of this manager and each daemon's owner of admission.
 pub struct Gates {
     control: Arc<dyn MpsControl>,
     timings: GateTimings,
-    servers: StdMutex<HashMap<String, Arc<ServerAdmission>>>,
+    bounds: GateBounds,
+    node_budget: Arc<Semaphore>,
+    node_budget_logged: Arc<AtomicBool>,
+    store: Option<Arc<dyn ListenerStore>>,
+    daemons: StdMutex<HashMap<String, DaemonAdmission>>,
     open: StdMutex<HashMap<ContainerId, OpenGate>>,
 }
 
 impl Gates {
-    pub fn new(control: Arc<dyn MpsControl>, timings: GateTimings) -> Self {
+    pub fn new(control: Arc<dyn MpsControl>, timings: GateTimings, bounds: GateBounds) -> Self {
         Gates {
             control,
             timings,
-            servers: StdMutex::new(HashMap::new()),
+            bounds,
+            node_budget: Arc::new(Semaphore::new(bounds.node as usize)),
+            node_budget_logged: Arc::new(AtomicBool::new(false)),
+            store: None,
+            daemons: StdMutex::new(HashMap::new()),
             open: StdMutex::new(HashMap::new()),
         }
     }
 
-    /// Serves `<gate dir>/control` for the container; replaces a gate it already has (a
-    /// restarted manager re-opens the gates of the leases it adopted). Must run in a tokio
-    /// runtime.
-    pub fn open(&self, target: GateTarget) -> Result<(), GateError> {
+    /// Keeps every gate's listening socket in `store` too.
+    pub fn with_listener_store(mut self, store: Arc<dyn ListenerStore>) -> Self {
+        self.store = Some(store);
+        self
+    }
+
+    /// Serves `<gate dir>/control` for the container; replaces a gate it already has.
+    /// `inherited`: the listening socket a previous manager served (from the gate keeper),
+    /// which connections made during the restart wait on. Must run in a tokio runtime.
+    pub fn open(&self, target: GateTarget, inherited: Option<OwnedFd>) -> Result<(), GateError> {
         let open_err = |source| GateError::Open {
             container: target.container.to_string(),
             dir: target.gate_dir.display().to_string(),
             source,
         };
-        // The shim created it for the container's mount; a missing one (a lease adopted after
-        // its dir was removed by hand) is recreated so the socket has a place.
-        gpu_mps_api::files::create_dirs(&target.gate_dir, 0o755).map_err(open_err)?;
-        let listener = seqpacket::bind_gate_socket(&target.gate_dir, mps_control::CONTROL_SOCKET)
-            .and_then(seqpacket::watch)
-            .map_err(open_err)?;
-        let admission = self.admission_of(&target.daemon);
-        let container = target.container.clone();
-        info!(container = %container, owner = %target.owner, daemon = %target.daemon, limits = %target.limits, gate = %target.gate_dir.display(), "gate open");
-        let task = tokio::spawn(serve_gate(
-            listener,
-            Arc::new(target),
+        let name = target.container.gate_name();
+        let (listener, how) = match inherited {
+            Some(fd) => (UnixListener::from(fd), "inherited"),
+            None => {
+                // The shim created it for the container's mount; a missing one (a lease adopted
+                // after its dir was removed by hand) is recreated so the socket has a place.
+                gpu_mps_api::files::create_dirs(&target.gate_dir, 0o755).map_err(open_err)?;
+                let listener = seqpacket::bind_gate_socket(&target.gate_dir, mps_control::CONTROL_SOCKET)
+                    .map_err(open_err)?;
+                if let Some(store) = &self.store {
+                    if let Err(e) = store.keep(&name, listener.as_fd()) {
+                        warn!(container = %target.container, error = %e, "the gate keeper does not hold this gate's socket: a manager restart would leave it unserved for a moment");
+                    }
+                }
+                (listener, "bound")
+            }
+        };
+        listener.set_nonblocking(true).map_err(open_err)?;
+        let listener = seqpacket::watch(listener).map_err(open_err)?;
+        let admission = self.admission_of(&target);
+        let state = Arc::new(GateState {
+            budget: StdMutex::new(ProcessBudget::new(target.cuda_processes)),
+            refusals: AtomicU32::new(0),
+            last_refusal: StdMutex::new(String::new()),
+            connections: AtomicU32::new(0),
+            waiting_logged: AtomicBool::new(false),
+        });
+        info!(container = %target.container, owner = %target.owner, daemon = %target.daemon, limits = %target.limits, cuda_processes = target.cuda_processes, class = ?target.class(), gate = %target.gate_dir.display(), socket = how, "gate open");
+        let serving = Serving {
+            target: Arc::new(target),
             admission,
-            self.control.clone(),
-            self.timings,
-        ));
-        if let Some(old) = lock(&self.open).insert(container, OpenGate { task }) {
+            state: state.clone(),
+            timings: self.timings,
+            per_container: Arc::new(Semaphore::new(self.bounds.per_container as usize)),
+            node_budget: self.node_budget.clone(),
+            node_budget_logged: self.node_budget_logged.clone(),
+        };
+        let container = serving.target.container.clone();
+        let (stop_accepting, stop) = tokio::sync::watch::channel(false);
+        let task = tokio::spawn(serve_gate(listener, serving, stop));
+        let gate = OpenGate {
+            task,
+            state,
+            name,
+            stop_accepting,
+        };
+        if let Some(old) = lock(&self.open).insert(container, gate) {
             old.task.abort();
         }
         Ok(())
@@ -120,17 +238,43 @@ impl Gates {
             gate.task.abort();
             info!(container = %container, "gate closed");
         }
+        if let Some(store) = &self.store {
+            let name = open
+                .as_ref()
+                .map_or_else(|| container.gate_name(), |g| g.name.clone());
+            if let Err(e) = store.forget(&name) {
+                warn!(container = %container, error = %e, "the gate keeper did not drop this gate's socket");
+            }
+        }
         remove_gate_dir(dir);
         open.is_some()
     }
 
-    /// Stops every gate's task but leaves the sockets in place: a manager that stops with
-    /// leases is replaced by one that re-opens them. A CUDA process that connects in between is
-    /// refused, and then opens a direct context in Default compute mode (measured); under
-    /// EXCLUSIVE_PROCESS that context fails instead.
+    /// Stops every gate's task but leaves the sockets in place (and in the gate keeper): a
+    /// manager that stops with leases is replaced by one that serves them again, and the
+    /// connections made meanwhile wait in the listen backlog.
     pub fn stop_serving(&self) {
         for (_, gate) in lock(&self.open).drain() {
             gate.task.abort();
+        }
+    }
+
+    /// Stops taking connections (they wait in the backlog, on the keeper's copy of the socket,
+    /// for the next manager) and gives the connections in flight up to `grace` to finish: a
+    /// CUDA client's handshake takes milliseconds, and one cut before its request would fall
+    /// back to a direct context. What is still open then (a connection that never sent its
+    /// request) is closed with its gate.
+    pub async fn drain(&self, grace: Duration) {
+        let gates: Vec<OpenGate> = lock(&self.open).drain().map(|(_, g)| g).collect();
+        for gate in &gates {
+            let _ = gate.stop_accepting.send(true);
+        }
+        let deadline = tokio::time::Instant::now() + grace;
+        for gate in gates {
+            let mut task = gate.task;
+            if tokio::time::timeout_at(deadline, &mut task).await.is_err() {
+                task.abort();
+            }
         }
     }
 
@@ -138,17 +282,41 @@ impl Gates {
         lock(&self.open).contains_key(container)
     }
 
-    /// Which class holds a daemon's admission lock now, for `gpu-mps status`.
-    pub fn admitting(&self, daemon: &DaemonKey) -> Option<Limits> {
-        lock(&self.servers)
-            .get(&daemon.dir_name())
-            .and_then(|s| s.holder())
+    /// What the container's gate did, for `gpu-mps status`.
+    pub fn view(&self, container: &ContainerId) -> Option<GateView> {
+        let open = lock(&self.open);
+        let state = &open.get(container)?.state;
+        let admitted_pids = lock(&state.budget).admitted(ProcessIdentity::is_alive);
+        Some(GateView {
+            admitted_pids,
+            refusals: state.refusals.load(Ordering::Relaxed),
+            last_refusal: lock(&state.last_refusal).clone(),
+            connections: state.connections.load(Ordering::Relaxed),
+        })
     }
 
-    fn admission_of(&self, daemon: &DaemonKey) -> Arc<ServerAdmission> {
-        lock(&self.servers)
-            .entry(daemon.dir_name())
-            .or_insert_with(|| Arc::new(ServerAdmission::new(daemon.to_string(), self.timings.admission)))
+    /// The daemon's admission queue, for `gpu-mps status`.
+    pub fn queue(&self, daemon: &DaemonKey) -> Option<QueueView> {
+        lock(&self.daemons)
+            .get(&daemon.dir_name())
+            .map(DaemonAdmission::view)
+    }
+
+    fn admission_of(&self, target: &GateTarget) -> DaemonAdmission {
+        lock(&self.daemons)
+            .entry(target.daemon.dir_name())
+            .or_insert_with(|| {
+                DaemonAdmission::spawn(
+                    target.daemon.to_string(),
+                    target.daemon_pipe_dir.clone(),
+                    target.daemon.gpu_uuids().len(),
+                    self.control.clone(),
+                    RelayTimings {
+                        answer_timeout: self.timings.handshake_timeout,
+                        ack_timeout: daemon_admission::ACK_TIMEOUT,
+                    },
+                )
+            })
             .clone()
     }
 }
@@ -167,11 +335,13 @@ const UNSERVED_GATE_DIR_AGE: Duration = Duration::from_secs(600);
 /// Removes gate dirs under `gates_root` whose container `keep` does not know: left behind by a
 /// manager that stopped before their containers' release. A dir without a socket is a container
 /// whose Acquire has not happened yet (it is mounted already: removing it would leave the
-/// container an empty dir forever), unless it is older than any create can take.
-pub fn remove_stale_gate_dirs(gates_root: &Path, keep: impl Fn(&str) -> bool) {
+/// container an empty dir forever), unless it is older than any create can take. Returns the
+/// names removed.
+pub fn remove_stale_gate_dirs(gates_root: &Path, keep: impl Fn(&str) -> bool) -> Vec<String> {
     let Ok(entries) = std::fs::read_dir(gates_root) else {
-        return;
+        return Vec::new();
     };
+    let mut removed = Vec::new();
     for entry in entries.flatten() {
         let name = entry.file_name().to_string_lossy().into_owned();
         let served_before = entry.path().join(mps_control::CONTROL_SOCKET).exists();
@@ -184,8 +354,10 @@ pub fn remove_stale_gate_dirs(gates_root: &Path, keep: impl Fn(&str) -> bool) {
         if !keep(&name) && (served_before || old) {
             warn!(gate = %entry.path().display(), "gate dir of no lease removed");
             remove_gate_dir(&entry.path());
+            removed.push(name);
         }
     }
+    removed
 }
 
 fn remove_gate_dir(dir: &Path) {
@@ -196,30 +368,50 @@ fn remove_gate_dir(dir: &Path) {
     }
 }
 
-async fn serve_gate(
-    listener: AsyncFd<UnixListener>,
+/// What a gate's task and its connections share.
+#[derive(Clone)]
+struct Serving {
     target: Arc<GateTarget>,
-    admission: Arc<ServerAdmission>,
-    control: Arc<dyn MpsControl>,
+    admission: DaemonAdmission,
+    state: Arc<GateState>,
     timings: GateTimings,
-) {
+    per_container: Arc<Semaphore>,
+    node_budget: Arc<Semaphore>,
+    node_budget_logged: Arc<AtomicBool>,
+}
+
+/// The permits one open connection holds; released when it closes.
+struct Slot {
+    _container: OwnedSemaphorePermit,
+    _node: OwnedSemaphorePermit,
+    state: Arc<GateState>,
+}
+
+impl Drop for Slot {
+    fn drop(&mut self) {
+        self.state.connections.fetch_sub(1, Ordering::Relaxed);
+    }
+}
+
+async fn serve_gate(listener: AsyncFd<UnixListener>, serving: Serving, mut stop: tokio::sync::watch::Receiver<bool>) {
     // Dropping this task (gate closed) drops the set, which aborts the connections in flight.
-    let mut connections = JoinSet::new();
+    let mut connections = tokio::task::JoinSet::new();
     loop {
+        if *stop.borrow() {
+            // Draining: no new connection; the ones in flight finish (or the drain's grace ends
+            // and this task is aborted with them).
+            while connections.join_next().await.is_some() {}
+            return;
+        }
         tokio::select! {
-            accepted = accept(&listener) => match accepted {
-                Ok(stream) => {
-                    connections.spawn(admit_connection(
-                        stream,
-                        target.clone(),
-                        admission.clone(),
-                        control.clone(),
-                        timings,
-                    ));
+            Ok(()) = stop.changed() => continue,
+            slot = next_connection(&listener, &serving) => match slot {
+                Ok((stream, slot)) => {
+                    connections.spawn(serve_connection(stream, slot, serving.clone()));
                 }
                 Err(e) => {
                     // Out of descriptors, most likely: back off instead of spinning.
-                    error!(container = %target.container, error = %e, "gate cannot accept a connection");
+                    error!(container = %serving.target.container, error = %e, "gate cannot accept a connection");
                     tokio::time::sleep(Duration::from_millis(100)).await;
                 }
             },
@@ -228,109 +420,60 @@ async fn serve_gate(
     }
 }
 
-async fn accept(listener: &AsyncFd<UnixListener>) -> std::io::Result<UnixStream> {
+/// Accepts the next connection once it may: a pending connection is taken off the backlog only
+/// with a slot of its container and one of the node, so that connections beyond the bounds
+/// wait in the backlog, where they cost no descriptor. An idle gate holds no slot.
+async fn next_connection(
+    listener: &AsyncFd<UnixListener>,
+    serving: &Serving,
+) -> std::io::Result<(UnixStream, Slot)> {
     loop {
-        let mut guard = listener.readable().await?;
-        if let Ok(result) = guard.try_io(|l| l.get_ref().accept()) {
-            let (stream, _) = result?;
-            stream.set_nonblocking(true)?;
-            return Ok(stream);
-        }
-    }
-}
-
-/// First and longest wait between two attempts to admit a client the gate could not admit.
-const ADMISSION_RETRY_FIRST: Duration = Duration::from_millis(500);
-const ADMISSION_RETRY_MAX: Duration = Duration::from_secs(10);
-
-/// One attempt: the server's lock for the container's class (its limits set on a class change),
-/// then a connection to the daemon.
-async fn admit_once(
-    target: &Arc<GateTarget>,
-    admission: &ServerAdmission,
-    control: &Arc<dyn MpsControl>,
-    client_pid: i32,
-) -> Result<(server_admission::Ticket, AsyncFd<UnixStream>), String> {
-    // A restarted daemon starts its servers from their defaults: its pid tells.
-    let daemon_pid = mps_control::read_pid_file(&target.daemon_pipe_dir).unwrap_or(0);
-    let apply = |before: Option<Applied>| {
-        let (control, target) = (control.clone(), target.clone());
-        async move {
-            let t = std::time::Instant::now();
-            let servers = mps_control::apply_limits_everywhere(
-                control.as_ref(),
-                &target.daemon_pipe_dir,
-                target.limits,
-                target.daemon.gpu_uuids().len(),
-            )
-            .await?;
-            info!(daemon = %target.daemon, limits = %target.limits, before = ?before.map(|a| a.limits), servers = ?servers, for_container = %target.container, owner = %target.owner, client_pid, elapsed_ms = t.elapsed().as_millis() as u64, "gate: server limits set and read back");
-            Ok::<(), ControlError>(())
-        }
-    };
-    let ticket = match admission
-        .enter(target.limits, daemon_pid, client_pid, apply)
-        .await
-    {
-        Ok(t) => t,
-        Err(EnterError::QueueTimeout { waited, holder }) => {
-            return Err(format!(
-                "the server stayed busy admitting class {} for {} ms",
-                holder.map_or_else(|| "?".to_string(), |h| h.to_string()),
-                waited.as_millis()
-            ));
-        }
-        Err(EnterError::Apply(e)) => return Err(format!("setting the server's limits failed: {e}")),
-    };
-    let upstream_path = target.daemon_pipe_dir.join(mps_control::CONTROL_SOCKET);
-    let unanswered = |e: std::io::Error| {
-        format!(
-            "the MPS control daemon at {} does not answer: {e}",
-            upstream_path.display()
-        )
-    };
-    // A unix connect blocks while the daemon's backlog is full (it serves one connection at a
-    // time): not on a runtime thread.
-    let path = upstream_path.clone();
-    let upstream = tokio::task::spawn_blocking(move || seqpacket::connect(&path))
-        .await
-        .map_err(|e| unanswered(std::io::Error::other(e)))?
-        .and_then(seqpacket::watch)
-        .map_err(unanswered)?;
-    Ok((ticket, upstream))
-}
-
-/// Resolves once the client closed its connection (a waiting client sends nothing).
-async fn client_left(client: &AsyncFd<UnixStream>) {
-    loop {
-        let Ok(mut guard) = client.readable().await else {
-            return;
+        let mut ready = listener.readable().await?;
+        let container = serving
+            .per_container
+            .clone()
+            .acquire_owned()
+            .await
+            .map_err(std::io::Error::other)?;
+        let node = match serving.node_budget.clone().try_acquire_owned() {
+            Ok(permit) => permit,
+            Err(_) => {
+                if !serving.node_budget_logged.swap(true, Ordering::Relaxed) {
+                    warn!(container = %serving.target.container, "gate: the node's budget of gate connections ([gate] max_connections) is used up; new connections wait in their listen backlog");
+                }
+                let permit = serving
+                    .node_budget
+                    .clone()
+                    .acquire_owned()
+                    .await
+                    .map_err(std::io::Error::other)?;
+                serving.node_budget_logged.store(false, Ordering::Relaxed);
+                permit
+            }
         };
-        match guard.try_io(|s| seqpacket::peek_closed(s.get_ref())) {
-            Ok(Ok(true)) | Ok(Err(_)) => return,
-            // It sent something before the daemon's hello: not gone; nothing more to watch.
-            Ok(Ok(false)) => std::future::pending::<()>().await,
+        match ready.try_io(|l| l.get_ref().accept()) {
+            Ok(Ok((stream, _))) => {
+                stream.set_nonblocking(true)?;
+                serving.state.connections.fetch_add(1, Ordering::Relaxed);
+                let slot = Slot {
+                    _container: container,
+                    _node: node,
+                    state: serving.state.clone(),
+                };
+                return Ok((stream, slot));
+            }
+            Ok(Err(e)) => return Err(e),
             Err(_would_block) => continue,
         }
     }
 }
 
-/// Counts of one relayed connection, for the logs.
-#[derive(Debug, Default, Clone, Copy)]
-struct RelayCounts {
-    to_daemon: usize,
-    to_client: usize,
-    fds_to_client: usize,
-}
+/// First and longest wait between two attempts to reach a daemon that did not answer.
+const RETRY_FIRST: Duration = Duration::from_millis(250);
+const RETRY_MAX: Duration = Duration::from_secs(4);
 
-async fn admit_connection(
-    stream: UnixStream,
-    target: Arc<GateTarget>,
-    admission: Arc<ServerAdmission>,
-    control: Arc<dyn MpsControl>,
-    timings: GateTimings,
-) {
-    let started = std::time::Instant::now();
+async fn serve_connection(stream: UnixStream, slot: Slot, serving: Serving) {
+    let target = &serving.target;
     let peer = match seqpacket::peer_credentials(&stream) {
         Ok(c) => c,
         Err(e) => {
@@ -346,164 +489,187 @@ async fn admit_connection(
             return;
         }
     };
-    // Never close a connection the gate could not admit: measured on the H200, a CUDA client
-    // whose control connection is closed before the handshake opens a DIRECT context with the
-    // whole GPU (in Default compute mode). A client kept waiting just waits (12 s and more
-    // measured), so the gate retries until it can admit it, or the client leaves.
-    let mut backoff = ADMISSION_RETRY_FIRST;
-    let (mut ticket, upstream) = loop {
-        let attempt = tokio::select! {
-            attempt = admit_once(&target, &admission, &control, client_pid) => attempt,
-            () = client_left(&client) => {
-                debug!(container = %target.container, client_pid, "gate: the client left while it waited for the server");
+    // From here on, never close the connection before the client's request: a CUDA client
+    // whose connection ends before its request opens a DIRECT context with the whole GPU
+    // (measured, Default compute mode). After its request, closing is a clean refusal.
+    if seqpacket::send_message(&client, wire::HELLO, &[], None)
+        .await
+        .is_err()
+    {
+        return;
+    }
+    let request = match read_request(&client).await {
+        Ok(Some(request)) => request,
+        // The probe of a CUDA client: the hello was all it wanted.
+        Ok(None) => return,
+        Err(e) => {
+            debug!(container = %target.container, client_pid, error = %e, "gate: reading the request failed");
+            return;
+        }
+    };
+    if request != Request::CudaClient {
+        refuse(&serving, client_pid, &request.describe());
+        return;
+    }
+    let Some(process) = u32::try_from(client_pid).ok().and_then(ProcessIdentity::of) else {
+        debug!(container = %target.container, client_pid, "gate: the client process is gone");
+        return;
+    };
+    let decision = lock(&serving.state.budget).decide(process, ProcessIdentity::is_alive);
+    match decision {
+        Decision::Known | Decision::Reserved => {}
+        Decision::TooManyChannels { channels } => {
+            refuse(
+                &serving,
+                client_pid,
+                &format!(
+                    "CUDA process {client_pid}: it already got {channels} channels to the server (a CUDA context takes 2)"
+                ),
+            );
+            return;
+        }
+        Decision::OverBudget { limit, live } => {
+            refuse(
+                &serving,
+                client_pid,
+                &format!(
+                    "CUDA process {client_pid}: the container already runs {} of its {limit} CUDA processes (gpu-mps.io/cuda-processes; running: {live:?})",
+                    live.len()
+                ),
+            );
+            return;
+        }
+    }
+    let reserved = decision == Decision::Reserved;
+    let started = Instant::now();
+    let mut client = client;
+    let mut backoff = RETRY_FIRST;
+    loop {
+        let (done_tx, done_rx) = oneshot::channel();
+        let job = Job {
+            container: target.container.clone(),
+            class: target.class(),
+            client,
+            credentials: peer,
+            done: done_tx,
+        };
+        if serving.admission.submit(job).is_err() {
+            error!(container = %target.container, daemon = %target.daemon, "gate: the daemon's admission task is gone");
+            return;
+        }
+        let Ok(JobDone {
+            client: returned,
+            outcome,
+            waited,
+            limits_set,
+        }) = done_rx.await
+        else {
+            return;
+        };
+        client = returned;
+        match outcome {
+            Outcome::Admitted { answer_ms, acked } => {
+                lock(&serving.state.budget).confirm(process);
+                serving.state.waiting_logged.store(false, Ordering::Relaxed);
+                debug!(container = %target.container, client_pid, waited_ms = waited.as_millis() as u64, answer_ms, acked, limits_set, total_ms = started.elapsed().as_millis() as u64, "gate: client admitted");
+                drop(slot);
                 return;
             }
-        };
-        match attempt {
-            Ok(admitted) => break admitted,
-            Err(why) => {
-                error!(container = %target.container, owner = %target.owner, client_pid, daemon = %target.daemon, retry_in_ms = backoff.as_millis() as u64, "gate: cannot admit the client yet: {why}; it is kept waiting (closing would let CUDA fall back to a direct context)");
+            Outcome::Answered(what) => {
+                if reserved {
+                    lock(&serving.state.budget).release(process);
+                }
+                warn!(container = %target.container, owner = %target.owner, client_pid, daemon = %target.daemon, "gate: the MPS daemon did not give the client a channel: {what}; passed on to the client");
+                return;
+            }
+            Outcome::ClientGone => {
+                if reserved {
+                    lock(&serving.state.budget).release(process);
+                }
+                debug!(container = %target.container, client_pid, "gate: the client left before it was served");
+                return;
+            }
+            Outcome::Failed(why) => {
+                if started.elapsed() + backoff > serving.timings.queue_timeout {
+                    if reserved {
+                        lock(&serving.state.budget).release(process);
+                    }
+                    refuse(
+                        &serving,
+                        client_pid,
+                        &format!(
+                            "its server could not be reached for {} s: {why}",
+                            serving.timings.queue_timeout.as_secs()
+                        ),
+                    );
+                    return;
+                }
+                if !serving.state.waiting_logged.swap(true, Ordering::Relaxed) {
+                    warn!(container = %target.container, owner = %target.owner, client_pid, daemon = %target.daemon, "gate: a CUDA client waits for its server: {why}; retrying for up to {} s, then it is refused cleanly", serving.timings.queue_timeout.as_secs());
+                }
             }
         }
         tokio::select! {
             _ = tokio::time::sleep(backoff) => {}
             () = client_left(&client) => {
+                if reserved {
+                    lock(&serving.state.budget).release(process);
+                }
                 info!(container = %target.container, client_pid, "gate: a waiting client left");
                 return;
             }
         }
-        backoff = (backoff * 2).min(ADMISSION_RETRY_MAX);
+        backoff = (backoff * 2).min(RETRY_MAX);
+    }
+}
+
+/// Reads a connection's request: `None` if the client closed without one (a CUDA client's
+/// probe). Waits as long as the client stays silent: that costs nobody but its container.
+async fn read_request(client: &AsyncFd<UnixStream>) -> std::io::Result<Option<Request>> {
+    let Some(first) = seqpacket::recv_message(client).await? else {
+        return Ok(None);
     };
-    let mut counts = RelayCounts::default();
-    let end = relay(
-        &client,
-        &upstream,
-        peer,
-        &mut counts,
-        &target.container,
-        client_pid,
-        RelayLimits {
-            before_hello: timings.admission.queue_timeout,
-            handshake: timings.handshake_timeout,
-        },
-    )
-    .await;
-    // The daemon is free again as soon as its end is closed.
-    drop(upstream);
-    let held_ms = started.elapsed().as_millis() as u64;
-    let admitted = counts.fds_to_client > 0;
-    if admitted {
-        ticket.mark_admitted();
+    if first.fd_count() > 0 {
+        return Ok(Some(Request::Other("it passed descriptors".into())));
     }
-    let (waited_ms, limits_set) = (ticket.waited.as_millis() as u64, ticket.applied_limits);
-    drop(ticket);
-    if matches!(end, RelayEnd::ClientClosed) || admitted {
-        debug!(container = %target.container, client_pid, waited_ms, limits_set, held_ms, to_daemon = counts.to_daemon, to_client = counts.to_client, fds_to_client = counts.fds_to_client, end = %end, "gate: control connection done");
-        return;
+    if let Some(other) = wire::classify_first(&first.bytes) {
+        return Ok(Some(other));
     }
-    // Not admitted, and the client did not close: closing now would let CUDA open a direct
-    // context with the whole GPU (measured). Keep its connection until it leaves; the daemon
-    // and the server's lock are already free.
-    warn!(container = %target.container, owner = %target.owner, client_pid, daemon = %target.daemon, held_ms, to_daemon = counts.to_daemon, to_client = counts.to_client, end = %end, "gate: the handshake did not complete; the daemon is freed, and the client's connection is kept open, unanswered, until it leaves (closing it would let CUDA fall back to a direct context)");
-    client_left(&client).await;
-    debug!(container = %target.container, client_pid, "gate: an unanswered client left");
-}
-
-/// How long a relayed connection may take.
-#[derive(Debug, Clone, Copy)]
-struct RelayLimits {
-    /// Until the daemon's first message: the connection waits in the daemon's backlog while it
-    /// serves others, which holds up no one.
-    before_hello: Duration,
-    /// From the daemon's first message: the daemon serves this connection only, so a stall here
-    /// holds up every pod on the GPU.
-    handshake: Duration,
-}
-
-/// Why a relay ended.
-#[derive(Debug)]
-enum RelayEnd {
-    ClientClosed,
-    DaemonClosed,
-    NoHello(Duration),
-    HandshakeTimeout(Duration),
-    Failed(std::io::Error),
-}
-
-impl std::fmt::Display for RelayEnd {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        match self {
-            RelayEnd::ClientClosed => f.write_str("the client closed it"),
-            RelayEnd::DaemonClosed => f.write_str("the daemon closed it"),
-            RelayEnd::NoHello(d) => write!(f, "the daemon did not get to it within {} s", d.as_secs()),
-            RelayEnd::HandshakeTimeout(d) => write!(
-                f,
-                "still open {} s after the daemon's hello (handshake timeout)",
-                d.as_secs()
-            ),
-            RelayEnd::Failed(e) => write!(f, "relay failed: {e}"),
-        }
+    let Some(second) = seqpacket::recv_message(client).await? else {
+        return Ok(None);
+    };
+    if second.fd_count() > 0 {
+        return Ok(Some(Request::Other("it passed descriptors".into())));
     }
+    Ok(Some(wire::classify(&first.bytes, &second.bytes)))
 }
 
-async fn relay(
-    client: &AsyncFd<UnixStream>,
-    daemon: &AsyncFd<UnixStream>,
-    peer: nix::sys::socket::UnixCredentials,
-    counts: &mut RelayCounts,
-    container: &ContainerId,
-    client_pid: i32,
-    limits: RelayLimits,
-) -> RelayEnd {
-    let mut deadline = tokio::time::Instant::now() + limits.before_hello;
+/// Refuses a connection after its request: dropping it closes it, which the client reports as
+/// an error (measured: "MPS client failed to connect to the MPS control daemon or the MPS
+/// server" from CUDA, "Cannot send command to MPS control daemon process" from the control CLI).
+fn refuse(serving: &Serving, client_pid: i32, why: &str) {
+    let target = &serving.target;
+    serving.state.refusals.fetch_add(1, Ordering::Relaxed);
+    *lock(&serving.state.last_refusal) = format!("pid {client_pid}: {why}");
+    warn!(container = %target.container, owner = %target.owner, client_pid, daemon = %target.daemon, "gate: refused {why}; closed after its request (the process gets an MPS connection error, never a direct context)");
+}
+
+/// Resolves once the client closed its connection (a waiting client sends nothing).
+async fn client_left(client: &AsyncFd<UnixStream>) {
     loop {
-        // Only readiness is awaited in the select: the message itself is moved in the branch,
-        // which is never cancelled, so no message is lost between the two directions.
-        tokio::select! {
-            ready = client.readable() => {
-                if let Err(e) = ready {
-                    return RelayEnd::Failed(e);
-                }
-                match seqpacket::relay_one(client, daemon, Credentials::OfClient(peer)).await {
-                    Ok(Step::Moved(m)) => {
-                        counts.to_daemon += 1;
-                        trace!(container = %container, client_pid, bytes = m.bytes, fds = m.fds, credentials_pid = ?m.credentials_pid, message_credentials_pid = ?m.message_credentials_pid, "gate: client -> daemon");
-                    }
-                    Ok(Step::Ended) => return RelayEnd::ClientClosed,
-                    Ok(Step::NotReady) => {}
-                    Err(e) => return RelayEnd::Failed(e),
-                }
-            }
-            ready = daemon.readable() => {
-                if let Err(e) = ready {
-                    return RelayEnd::Failed(e);
-                }
-                match seqpacket::relay_one(daemon, client, Credentials::None).await {
-                    Ok(Step::Moved(m)) => {
-                        if counts.to_client == 0 {
-                            deadline = tokio::time::Instant::now() + limits.handshake;
-                        }
-                        counts.to_client += 1;
-                        counts.fds_to_client += m.fds;
-                        trace!(container = %container, client_pid, bytes = m.bytes, fds = m.fds, "gate: daemon -> client");
-                    }
-                    Ok(Step::Ended) => return RelayEnd::DaemonClosed,
-                    Ok(Step::NotReady) => {}
-                    Err(e) => return RelayEnd::Failed(e),
-                }
-            }
-            () = tokio::time::sleep_until(deadline) => {
-                return if counts.to_client == 0 {
-                    RelayEnd::NoHello(limits.before_hello)
-                } else {
-                    RelayEnd::HandshakeTimeout(limits.handshake)
-                };
-            }
+        let Ok(mut guard) = client.readable().await else {
+            return;
+        };
+        match guard.try_io(|s| seqpacket::peek_closed(s.get_ref())) {
+            Ok(Ok(true)) | Ok(Err(_)) => return,
+            // It sent something while it waited: not gone; nothing more to watch.
+            Ok(Ok(false)) => std::future::pending::<()>().await,
+            Err(_would_block) => continue,
         }
     }
 }
 
 fn lock<T>(m: &StdMutex<T>) -> std::sync::MutexGuard<'_, T> {
-    // Plain maps: a panic elsewhere cannot leave them half-written.
+    // Plain data: a panic elsewhere cannot leave it half-written.
     m.lock().unwrap_or_else(|e| e.into_inner())
 }

@@ -217,6 +217,53 @@ fn receive(fd: RawFd, buf: &mut [u8]) -> io::Result<Option<Received>> {
     }))
 }
 
+/// One whole message taken off a socket, with what came with it. Its descriptors are closed
+/// when it drops (after they were passed on, the receiver holds its own copies).
+pub struct Message {
+    pub bytes: Vec<u8>,
+    fds: ReceivedFds,
+    pub credentials: Option<UnixCredentials>,
+}
+
+impl Message {
+    pub fn fd_count(&self) -> usize {
+        self.fds.0.len()
+    }
+
+    pub fn raw_fds(&self) -> &[RawFd] {
+        &self.fds.0
+    }
+}
+
+/// Waits for one message and takes it; `None` at end of stream. Cancel-safe: the message is
+/// taken off the socket only in the step that returns it.
+pub async fn recv_message(from: &AsyncFd<UnixStream>) -> io::Result<Option<Message>> {
+    let mut buf = vec![0u8; MAX_MESSAGE];
+    loop {
+        let mut guard = from.readable().await?;
+        match guard.try_io(|s| receive(s.get_ref().as_raw_fd(), &mut buf)) {
+            Ok(received) => {
+                return Ok(received?.map(|r| Message {
+                    bytes: buf[..r.bytes].to_vec(),
+                    fds: r.fds,
+                    credentials: r.credentials,
+                }));
+            }
+            Err(_would_block) => continue,
+        }
+    }
+}
+
+/// Sends one message, with descriptors and credentials if given.
+pub async fn send_message(
+    to: &AsyncFd<UnixStream>,
+    data: &[u8],
+    fds: &[RawFd],
+    credentials: Option<&UnixCredentials>,
+) -> io::Result<()> {
+    send(to, data, fds, credentials).await
+}
+
 async fn send(
     to: &AsyncFd<UnixStream>,
     data: &[u8],

@@ -1,0 +1,432 @@
+//! One owner per MPS daemon for everything the gates send to it: a task that takes the CUDA
+//! clients the gates let through, one at a time and in turn across containers, sets the
+//! server's limits to the client's when they differ (policy `exact`), and relays the client's
+//! request and the daemon's answer.
+//!
+//! Why one at a time: the control daemon serves one connection at a time (measured), and an
+//! MPS server holds one set of limits, which a client takes when it gets its channel
+//! (measured: limits changed after the connection that passed the channel closed did not reach
+//! it). So the limits of a client must stay in place from the moment they are set until its
+//! connection closed, and nothing else may change them meanwhile: one owner does both.
+//!
+//! Why in turn across containers: the gate answers the hello itself and only a complete
+//! request reaches this queue, so a connection that stalls before its request costs nobody
+//! anything; here a container gets one handshake, then the next container does. The daemon is
+//! held per client for its answer (0.2-0.4 ms measured, 150-250 ms when it starts the server)
+//! and the client's acknowledgement (0.2-2 ms measured, cut after [`ACK_TIMEOUT`]: the client
+//! already has its channel, measured to work without it). So another pod waits at most one
+//! handshake per container ahead of it.
+
+use std::collections::{HashMap, VecDeque};
+use std::os::unix::net::UnixStream;
+use std::path::PathBuf;
+use std::sync::{Arc, Mutex as StdMutex};
+use std::time::{Duration, Instant};
+
+use gpu_mps_api::{ContainerId, Limits};
+use nix::sys::socket::UnixCredentials;
+use tokio::io::unix::AsyncFd;
+use tokio::sync::{mpsc, oneshot};
+use tracing::{info, warn};
+
+use super::seqpacket;
+use super::wire;
+use crate::mps_control::{self, MpsControl};
+
+/// How long the daemon's end stays open for the client's acknowledgement of its channel
+/// (measured 0.2 to 2 ms). Past it the daemon's end is closed: the client has its channel
+/// already (measured on the H200: a client whose daemon end was closed right after the
+/// channel was passed ran with its limits).
+pub const ACK_TIMEOUT: Duration = Duration::from_millis(500);
+
+#[derive(Debug, Clone, Copy)]
+pub struct RelayTimings {
+    /// Longest wait for the daemon: its hello, then its answer to a request.
+    pub answer_timeout: Duration,
+    pub ack_timeout: Duration,
+}
+
+/// A client the gate let through, with the limits its server must hold for it.
+pub struct Job {
+    pub container: ContainerId,
+    /// Policy `exact`: the limits of each of the container's processes; `None`: the server's
+    /// limits are the manager's business elsewhere (uniform, ceiling).
+    pub class: Option<Limits>,
+    pub client: AsyncFd<UnixStream>,
+    /// The client's, as the kernel recorded them when it connected: sent with its request,
+    /// so the daemon sees the client's pid and uid (never the manager's).
+    pub credentials: UnixCredentials,
+    pub done: oneshot::Sender<JobDone>,
+}
+
+/// What became of a job; the client's connection comes back with it.
+pub struct JobDone {
+    pub client: AsyncFd<UnixStream>,
+    pub outcome: Outcome,
+    /// Time in the queue before it was served.
+    pub waited: Duration,
+    pub limits_set: bool,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Outcome {
+    /// The daemon passed the client its channel.
+    Admitted { answer_ms: u64, acked: bool },
+    /// The daemon answered something else, or closed without answering; passed on as it was.
+    Answered(String),
+    /// The client closed before it was served.
+    ClientGone,
+    /// The daemon could not be reached, or its limits not set: try again later.
+    Failed(String),
+}
+
+/// What `gpu-mps status` shows of a daemon's queue.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct QueueView {
+    /// The limits the server holds now, as this owner set them (policy `exact`).
+    pub class: Option<Limits>,
+    pub queued: usize,
+    pub served: u64,
+    pub limit_changes: u64,
+}
+
+/// The handle of a daemon's owner task; cloning shares the task. The task ends when every
+/// handle is gone.
+#[derive(Clone)]
+pub struct DaemonAdmission {
+    tx: mpsc::UnboundedSender<(Job, Instant)>,
+    view: Arc<StdMutex<QueueView>>,
+}
+
+/// What the server was last given, and by which daemon process: a restarted daemon starts from
+/// its defaults, so its limits are set again.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct Applied {
+    daemon_pid: u32,
+    limits: Limits,
+}
+
+struct Owner {
+    name: String,
+    pipe_dir: PathBuf,
+    gpu_count: usize,
+    control: Arc<dyn MpsControl>,
+    timings: RelayTimings,
+    applied: Option<Applied>,
+    view: Arc<StdMutex<QueueView>>,
+}
+
+impl DaemonAdmission {
+    /// Starts the owner task of the daemon serving `pipe_dir`. Must run in a tokio runtime.
+    pub fn spawn(
+        name: String,
+        pipe_dir: PathBuf,
+        gpu_count: usize,
+        control: Arc<dyn MpsControl>,
+        timings: RelayTimings,
+    ) -> Self {
+        let (tx, rx) = mpsc::unbounded_channel();
+        let view = Arc::new(StdMutex::new(QueueView::default()));
+        let owner = Owner {
+            name,
+            pipe_dir,
+            gpu_count,
+            control,
+            timings,
+            applied: None,
+            view: view.clone(),
+        };
+        tokio::spawn(owner.run(rx));
+        DaemonAdmission { tx, view }
+    }
+
+    /// Queues a job; gives it back if the owner task is gone.
+    pub fn submit(&self, job: Job) -> Result<(), Job> {
+        self.tx.send((job, Instant::now())).map_err(|e| e.0.0)?;
+        lock(&self.view).queued += 1;
+        Ok(())
+    }
+
+    pub fn view(&self) -> QueueView {
+        lock(&self.view).clone()
+    }
+}
+
+/// Jobs waiting, per container, and the order in which containers take turns.
+#[derive(Default)]
+struct RoundRobin {
+    queues: HashMap<ContainerId, VecDeque<(Job, Instant)>>,
+    turn: VecDeque<ContainerId>,
+}
+
+impl RoundRobin {
+    fn push(&mut self, job: Job, at: Instant) {
+        let queue = self.queues.entry(job.container.clone()).or_default();
+        if queue.is_empty() {
+            self.turn.push_back(job.container.clone());
+        }
+        queue.push_back((job, at));
+    }
+
+    /// The next container's oldest job; the container goes to the back of the line.
+    fn pop(&mut self) -> Option<(Job, Instant)> {
+        let container = self.turn.pop_front()?;
+        let queue = self.queues.get_mut(&container)?;
+        let next = queue.pop_front();
+        if queue.is_empty() {
+            self.queues.remove(&container);
+        } else {
+            self.turn.push_back(container);
+        }
+        next
+    }
+
+    fn is_empty(&self) -> bool {
+        self.turn.is_empty()
+    }
+}
+
+impl Owner {
+    async fn run(mut self, mut rx: mpsc::UnboundedReceiver<(Job, Instant)>) {
+        let mut waiting = RoundRobin::default();
+        loop {
+            if waiting.is_empty() {
+                match rx.recv().await {
+                    Some((job, at)) => waiting.push(job, at),
+                    None => return,
+                }
+            }
+            while let Ok((job, at)) = rx.try_recv() {
+                waiting.push(job, at);
+            }
+            let Some((job, at)) = waiting.pop() else {
+                continue;
+            };
+            let waited = at.elapsed();
+            let Job {
+                container,
+                class,
+                client,
+                credentials,
+                done,
+            } = job;
+            let (outcome, limits_set) = self.serve(&container, class, &client, &credentials).await;
+            {
+                let mut view = lock(&self.view);
+                view.queued = view.queued.saturating_sub(1);
+                view.served += 1;
+                if limits_set {
+                    view.limit_changes += 1;
+                }
+                view.class = self.applied.map(|a| a.limits);
+            }
+            // A gate that stopped waiting (its task was aborted) drops the client with it.
+            let _ = done.send(JobDone {
+                client,
+                outcome,
+                waited,
+                limits_set,
+            });
+        }
+    }
+
+    async fn serve(
+        &mut self,
+        container: &ContainerId,
+        class: Option<Limits>,
+        client: &AsyncFd<UnixStream>,
+        credentials: &UnixCredentials,
+    ) -> (Outcome, bool) {
+        if closed(client) {
+            return (Outcome::ClientGone, false);
+        }
+        let daemon_pid = mps_control::read_pid_file(&self.pipe_dir).unwrap_or(0);
+        let mut limits_set = false;
+        if let Some(limits) = class {
+            let wanted = Applied { daemon_pid, limits };
+            if self.applied != Some(wanted) {
+                let before = self.applied.take();
+                let started = Instant::now();
+                match mps_control::apply_limits_everywhere(
+                    self.control.as_ref(),
+                    &self.pipe_dir,
+                    limits,
+                    self.gpu_count,
+                )
+                .await
+                {
+                    Ok(servers) => {
+                        info!(daemon = %self.name, limits = %limits, before = ?before.map(|a| a.limits), servers = ?servers, for_container = %container, client_pid = credentials.pid(), elapsed_ms = started.elapsed().as_millis() as u64, "gate: server limits set and read back");
+                        self.applied = Some(wanted);
+                        limits_set = true;
+                    }
+                    Err(e) => {
+                        // Unknown until it succeeds: a half-applied change is redone next time.
+                        return (
+                            Outcome::Failed(format!("setting the server's limits to {limits} failed: {e}")),
+                            false,
+                        );
+                    }
+                }
+            }
+        }
+        (self.relay(client, credentials).await, limits_set)
+    }
+
+    /// Connects to the daemon, sends the client's request with its credentials, passes the
+    /// answer on, and the client's acknowledgement back.
+    async fn relay(&self, client: &AsyncFd<UnixStream>, credentials: &UnixCredentials) -> Outcome {
+        let path = self.pipe_dir.join(mps_control::CONTROL_SOCKET);
+        let timeout = self.timings.answer_timeout;
+        let unanswered =
+            |what: String| Outcome::Failed(format!("the MPS control daemon at {}: {what}", path.display()));
+        // A unix connect blocks while the daemon's backlog is full: not on a runtime thread.
+        let connect_path = path.clone();
+        let connected = tokio::time::timeout(
+            timeout,
+            tokio::task::spawn_blocking(move || seqpacket::connect(&connect_path)),
+        )
+        .await;
+        let upstream = match connected {
+            Ok(Ok(Ok(stream))) => match seqpacket::watch(stream) {
+                Ok(s) => s,
+                Err(e) => return unanswered(format!("cannot watch the connection: {e}")),
+            },
+            Ok(Ok(Err(e))) => return unanswered(format!("cannot connect: {e}")),
+            Ok(Err(e)) => return unanswered(format!("cannot connect: {e}")),
+            Err(_) => return unanswered(format!("no connection within {} ms", timeout.as_millis())),
+        };
+        match tokio::time::timeout(timeout, seqpacket::recv_message(&upstream)).await {
+            Ok(Ok(Some(hello))) if hello.bytes == wire::HELLO && hello.fd_count() == 0 => {}
+            Ok(Ok(Some(other))) => {
+                // Fail closed: a daemon that does not speak the measured protocol gets no client.
+                warn!(daemon = %self.name, hello = %wire::show(&other.bytes), "gate: the MPS control daemon's hello is not the one measured; nothing is relayed (re-run tests/gpu/shape-probe.sh on this driver)");
+                return unanswered(format!("unexpected hello {}", wire::show(&other.bytes)));
+            }
+            Ok(Ok(None)) => return unanswered("closed before its hello".into()),
+            Ok(Err(e)) => return unanswered(format!("reading its hello: {e}")),
+            Err(_) => return unanswered(format!("no hello within {} ms", timeout.as_millis())),
+        }
+        let started = Instant::now();
+        for message in [wire::CREDENTIALS, &wire::cuda_client_kind()[..]] {
+            if let Err(e) = seqpacket::send_message(&upstream, message, &[], Some(credentials)).await {
+                return unanswered(format!("sending the request: {e}"));
+            }
+        }
+        let answer = match tokio::time::timeout(timeout, seqpacket::recv_message(&upstream)).await {
+            Ok(Ok(Some(answer))) => answer,
+            // The daemon refused the client (measured: a daemon that is shutting down reads the
+            // request and closes). Closing the client too passes that on as it is.
+            Ok(Ok(None)) => {
+                return Outcome::Answered("the daemon closed the connection without an answer".into());
+            }
+            Ok(Err(e)) => return unanswered(format!("reading its answer: {e}")),
+            Err(_) => return unanswered(format!("no answer within {} ms", timeout.as_millis())),
+        };
+        let answer_ms = started.elapsed().as_millis() as u64;
+        let channel = wire::is_channel_answer(&answer.bytes, answer.fd_count());
+        if seqpacket::send_message(client, &answer.bytes, answer.raw_fds(), None)
+            .await
+            .is_err()
+        {
+            return Outcome::ClientGone;
+        }
+        if !channel {
+            return Outcome::Answered(format!(
+                "the daemon answered {} with {} descriptor(s)",
+                wire::show(&answer.bytes),
+                answer.fd_count()
+            ));
+        }
+        drop(answer);
+        let acked =
+            match tokio::time::timeout(self.timings.ack_timeout, seqpacket::recv_message(client)).await {
+                Ok(Ok(Some(ack))) => {
+                    // Descriptors from a client are never passed to the daemon.
+                    seqpacket::send_message(&upstream, &ack.bytes, &[], Some(credentials))
+                        .await
+                        .is_ok()
+                }
+                _ => false,
+            };
+        Outcome::Admitted { answer_ms, acked }
+    }
+}
+
+/// True when the client's end is closed (nothing is taken off the socket).
+fn closed(client: &AsyncFd<UnixStream>) -> bool {
+    match seqpacket::peek_closed(client.get_ref()) {
+        Ok(closed) => closed,
+        // Nothing to read: open and waiting, as a client whose request was taken is.
+        Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => false,
+        Err(_) => true,
+    }
+}
+
+fn lock<T>(m: &StdMutex<T>) -> std::sync::MutexGuard<'_, T> {
+    // Plain data: a panic elsewhere cannot leave it half-written.
+    m.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+    use super::*;
+
+    fn job(container: &str, n: u8) -> (Job, oneshot::Receiver<JobDone>) {
+        let (a, _b) = std::os::unix::net::UnixStream::pair().unwrap();
+        a.set_nonblocking(true).unwrap();
+        let (done, rx) = oneshot::channel();
+        let job = Job {
+            container: ContainerId::parse(container).unwrap(),
+            class: Some(Limits {
+                memory_bytes: u64::from(n) << 30,
+                thread_percentage: n,
+            }),
+            client: seqpacket::watch(a).unwrap(),
+            credentials: UnixCredentials::new(),
+            done,
+        };
+        (job, rx)
+    }
+
+    #[tokio::test]
+    async fn containers_take_turns_whatever_one_of_them_queued() {
+        let mut rr = RoundRobin::default();
+        let now = Instant::now();
+        let mut keep = Vec::new();
+        // A floods the queue with 64 jobs, then B and C arrive with one each.
+        for i in 0..64 {
+            let (j, rx) = job("a", (i % 50 + 1) as u8);
+            keep.push(rx);
+            rr.push(j, now);
+        }
+        for name in ["b", "c"] {
+            let (j, rx) = job(name, 1);
+            keep.push(rx);
+            rr.push(j, now);
+        }
+        let order: Vec<String> = std::iter::from_fn(|| rr.pop())
+            .take(6)
+            .map(|(j, _)| j.container.as_str().to_string())
+            .collect();
+        assert_eq!(order, ["a", "b", "c", "a", "a", "a"]);
+    }
+
+    #[tokio::test]
+    async fn a_container_keeps_its_own_order() {
+        let mut rr = RoundRobin::default();
+        let now = Instant::now();
+        let mut keep = Vec::new();
+        for n in 1..=3 {
+            let (j, rx) = job("a", n);
+            keep.push(rx);
+            rr.push(j, now);
+        }
+        let classes: Vec<u8> = std::iter::from_fn(|| rr.pop())
+            .map(|(j, _)| j.class.unwrap().thread_percentage)
+            .collect();
+        assert_eq!(classes, [1, 2, 3]);
+        assert!(rr.is_empty());
+    }
+}

@@ -1,0 +1,390 @@
+//! The connect gate against a daemon that speaks the measured shape of the MPS control
+//! protocol (docs/gpu-results.md section 7), in one process: what passes, what is refused and
+//! how, that a stalled container holds nobody else up, and that each client reaches the
+//! daemon under its own limits.
+
+// Test helpers may unwrap: a panic that shows the value is the clearest failure here.
+#![allow(clippy::unwrap_used)]
+
+use std::collections::BTreeMap;
+use std::io::{IoSlice, IoSliceMut};
+use std::os::fd::{AsRawFd, RawFd};
+use std::os::unix::net::UnixStream;
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use async_trait::async_trait;
+use gpu_mps_api::{ContainerId, DaemonKey, Limits};
+use gpu_mps_manager::gate::{GateBounds, GateTarget, GateTimings, Gates, seqpacket, wire};
+use gpu_mps_manager::mps_control::{self, ControlError, MpsControl};
+use nix::cmsg_space;
+use nix::sys::socket::{self, ControlMessage, ControlMessageOwned, MsgFlags, UnixCredentials};
+
+/// The limits the daemon's server holds, as the manager's CLI calls set them.
+#[derive(Default)]
+struct ServerLimits {
+    threads: String,
+    memory: BTreeMap<String, String>,
+}
+
+/// The control CLI: only what setting defaults needs (no server runs in these tests).
+#[derive(Default)]
+struct StubControl {
+    limits: Arc<Mutex<ServerLimits>>,
+}
+
+#[async_trait]
+impl MpsControl for StubControl {
+    async fn start_daemon(&self, _: &DaemonKey, _: &Path, _: &Path) -> Result<u32, ControlError> {
+        unreachable!("the test starts its own daemon")
+    }
+    async fn command(&self, _: &Path, command: &str) -> Result<String, ControlError> {
+        let mut l = self.limits.lock().unwrap();
+        let w: Vec<&str> = command.split_whitespace().collect();
+        Ok(match w.as_slice() {
+            ["get_server_list"] => String::new(),
+            ["set_default_active_thread_percentage", p] => {
+                l.threads = format!("{p}.0");
+                l.threads.clone()
+            }
+            ["get_default_active_thread_percentage"] => l.threads.clone(),
+            ["set_default_device_pinned_mem_limit", dev, v] => {
+                let mib: u64 = v.trim_end_matches('M').parse().unwrap();
+                l.memory.insert(dev.to_string(), format!("{}G", mib / 1024));
+                String::new()
+            }
+            ["get_default_device_pinned_mem_limit", dev] => l.memory.get(*dev).cloned().unwrap_or_default(),
+            _ => format!("Unknown command \"{command}\""),
+        })
+    }
+}
+
+/// What the daemon saw of one request: the client's pid from its credentials and the limits
+/// the server held at that moment.
+#[derive(Debug, Clone, PartialEq)]
+struct Seen {
+    pid: i32,
+    threads: String,
+}
+
+/// A control daemon with the measured shape: hello first, one connection at a time, a channel
+/// descriptor for a CUDA client's request, then the client's acknowledgement.
+struct Daemon {
+    pipe: PathBuf,
+    seen: Arc<Mutex<Vec<Seen>>>,
+    connections: Arc<Mutex<u32>>,
+}
+
+fn start_daemon(pipe: &Path, limits: Arc<Mutex<ServerLimits>>) -> Daemon {
+    std::fs::create_dir_all(pipe).unwrap();
+    std::fs::write(pipe.join(mps_control::PID_FILE), std::process::id().to_string()).unwrap();
+    let listener = seqpacket::bind_gate_socket(pipe, mps_control::CONTROL_SOCKET).unwrap();
+    listener.set_nonblocking(false).unwrap();
+    let seen = Arc::new(Mutex::new(Vec::new()));
+    let connections = Arc::new(Mutex::new(0));
+    let (s, c) = (seen.clone(), connections.clone());
+    std::thread::spawn(move || {
+        for stream in listener.incoming() {
+            let Ok(stream) = stream else { return };
+            *c.lock().unwrap() += 1;
+            stream.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+            send(&stream, wire::HELLO, None);
+            let Some((first, creds, _)) = recv(&stream) else {
+                continue;
+            };
+            let Some((kind, _, _)) = recv(&stream) else {
+                continue;
+            };
+            if first != wire::CREDENTIALS || kind != [2, 0, 0, 0] {
+                continue;
+            }
+            s.lock().unwrap().push(Seen {
+                pid: creds.map_or(0, |c| c.pid()),
+                threads: limits.lock().unwrap().threads.clone(),
+            });
+            let (_keep, pass) = UnixStream::pair().unwrap();
+            send(&stream, wire::CHANNEL_ANSWER, Some(pass.as_raw_fd()));
+            // The acknowledgement, then the end of the connection.
+            while recv(&stream).is_some() {}
+        }
+    });
+    Daemon {
+        pipe: pipe.to_path_buf(),
+        seen,
+        connections,
+    }
+}
+
+fn send(stream: &UnixStream, data: &[u8], fd: Option<RawFd>) {
+    let fds: Vec<RawFd> = fd.into_iter().collect();
+    let creds = UnixCredentials::new();
+    let mut cmsgs = vec![ControlMessage::ScmCredentials(&creds)];
+    if !fds.is_empty() {
+        cmsgs.push(ControlMessage::ScmRights(&fds));
+    }
+    let _ = socket::sendmsg::<()>(
+        stream.as_raw_fd(),
+        &[IoSlice::new(data)],
+        &cmsgs,
+        MsgFlags::MSG_NOSIGNAL,
+        None,
+    );
+}
+
+/// One message, its credentials and how many descriptors came with it; `None` at the end.
+fn recv(stream: &UnixStream) -> Option<(Vec<u8>, Option<UnixCredentials>, usize)> {
+    let mut buf = vec![0u8; 4096];
+    let mut cmsg = cmsg_space!(libc::ucred, [RawFd; 4]);
+    let mut iov = [IoSliceMut::new(&mut buf)];
+    let msg = socket::recvmsg::<()>(
+        stream.as_raw_fd(),
+        &mut iov,
+        Some(&mut cmsg),
+        MsgFlags::MSG_CMSG_CLOEXEC,
+    )
+    .ok()?;
+    let mut creds = None;
+    let mut fds = 0;
+    for c in msg.cmsgs().ok()? {
+        match c {
+            ControlMessageOwned::ScmCredentials(c) => creds = Some(c),
+            ControlMessageOwned::ScmRights(r) => {
+                fds += r.len();
+                r.into_iter().for_each(|fd| {
+                    let _ = nix::unistd::close(fd);
+                });
+            }
+            _ => {}
+        }
+    }
+    let n = msg.bytes;
+    if n == 0 && fds == 0 && creds.is_none() {
+        return None;
+    }
+    Some((buf[..n].to_vec(), creds, fds))
+}
+
+/// A client's connection, greeted.
+fn open(gate: &Path) -> UnixStream {
+    let s = seqpacket::connect(&gate.join("control")).unwrap();
+    s.set_nonblocking(false).unwrap();
+    s.set_read_timeout(Some(Duration::from_secs(20))).unwrap();
+    let (hello, _, _) = recv(&s).expect("a hello");
+    assert_eq!(hello, wire::HELLO);
+    s
+}
+
+/// What a connection got for its request: the answer's descriptors, or `None` if it was closed.
+fn request(gate: &Path, kind: u32, ack: bool) -> Option<usize> {
+    let s = open(gate);
+    send(&s, wire::CREDENTIALS, None);
+    send(&s, &kind.to_le_bytes(), None);
+    let (answer, _, fds) = recv(&s)?;
+    assert_eq!(answer, wire::CHANNEL_ANSWER);
+    if ack {
+        send(&s, wire::CLIENT_ACK, None);
+    }
+    Some(fds)
+}
+
+/// The measured client: a probe, then two requests.
+fn cuda_client(gate: &Path) -> bool {
+    drop(open(gate));
+    request(gate, wire::KIND_CUDA_CLIENT, true) == Some(1)
+        && request(gate, wire::KIND_CUDA_CLIENT, true) == Some(1)
+}
+
+struct Node {
+    dir: tempfile::TempDir,
+    gates: Arc<Gates>,
+    daemon: Daemon,
+    key: DaemonKey,
+}
+
+fn node(per_container: u32) -> Node {
+    let dir = tempfile::tempdir().unwrap();
+    let control = StubControl::default();
+    let daemon = start_daemon(&dir.path().join("pipe"), control.limits.clone());
+    let gates = Gates::new(
+        Arc::new(control),
+        GateTimings {
+            handshake_timeout: Duration::from_secs(5),
+            queue_timeout: Duration::from_secs(5),
+        },
+        GateBounds {
+            per_container,
+            node: 4096,
+        },
+    );
+    Node {
+        dir,
+        gates: Arc::new(gates),
+        daemon,
+        key: DaemonKey::new(["GPU-test"]),
+    }
+}
+
+impl Node {
+    fn open(&self, id: &str, gib: u64, pct: u8, processes: u32) -> PathBuf {
+        let container = ContainerId::parse(id).unwrap();
+        let gate_dir = self.dir.path().join("gates").join(container.gate_name());
+        self.gates
+            .open(
+                GateTarget {
+                    container,
+                    gate_dir: gate_dir.clone(),
+                    daemon: self.key.clone(),
+                    daemon_pipe_dir: self.daemon.pipe.clone(),
+                    limits: Limits {
+                        memory_bytes: gib << 30,
+                        thread_percentage: pct,
+                    },
+                    cuda_processes: processes,
+                    sets_limits: true,
+                    owner: id.into(),
+                },
+                None,
+            )
+            .unwrap();
+        gate_dir
+    }
+}
+
+async fn blocking<T: Send + 'static>(f: impl FnOnce() -> T + Send + 'static) -> T {
+    tokio::task::spawn_blocking(f).await.unwrap()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn each_client_reaches_the_daemon_under_its_own_limits() {
+    let n = node(4);
+    let small = n.open("small", 4, 25, 1);
+    let large = n.open("large", 8, 50, 1);
+    for gate in [small.clone(), large, small] {
+        assert!(blocking(move || cuda_client(&gate)).await);
+    }
+    let seen = n.daemon.seen.lock().unwrap().clone();
+    let threads: Vec<&str> = seen.iter().map(|s| s.threads.as_str()).collect();
+    assert_eq!(threads, ["25.0", "25.0", "50.0", "50.0", "25.0", "25.0"]);
+    assert!(
+        seen.iter().all(|s| s.pid == std::process::id() as i32),
+        "the daemon sees the client's pid: {seen:?}"
+    );
+    assert_eq!(
+        *n.daemon.connections.lock().unwrap(),
+        6,
+        "the probes never reach the daemon"
+    );
+    let view = n.gates.view(&ContainerId::parse("small").unwrap()).unwrap();
+    assert_eq!(view.admitted_pids, vec![std::process::id()]);
+    assert_eq!(view.refusals, 0);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_ui_session_or_anything_else_is_refused_after_its_request_and_never_reaches_the_daemon() {
+    let n = node(4);
+    let gate = n.open("c", 4, 25, 1);
+    let g = gate.clone();
+    let refused = blocking(move || {
+        let mut closed = Vec::new();
+        for (first, second) in [
+            (wire::CREDENTIALS.to_vec(), 4u32.to_le_bytes().to_vec()),
+            (wire::CREDENTIALS.to_vec(), 7u32.to_le_bytes().to_vec()),
+            (b"get_server_list\n\0".to_vec(), Vec::new()),
+        ] {
+            let s = open(&g);
+            send(&s, &first, None);
+            if !second.is_empty() {
+                send(&s, &second, None);
+            }
+            closed.push(recv(&s).is_none());
+        }
+        closed
+    })
+    .await;
+    assert_eq!(
+        refused,
+        [true, true, true],
+        "closed after the request, not answered"
+    );
+    assert_eq!(*n.daemon.connections.lock().unwrap(), 0);
+    let view = n.gates.view(&ContainerId::parse("c").unwrap()).unwrap();
+    assert_eq!(view.refusals, 3);
+    assert!(
+        view.last_refusal.contains("not a CUDA client"),
+        "{}",
+        view.last_refusal
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn stalled_connections_hold_only_their_own_containers_slots() {
+    let n = node(4);
+    let hostile = n.open("hostile", 4, 25, 1);
+    let victim = n.open("victim", 8, 50, 1);
+    // 64 connections that never send their request: 4 are taken in, 60 wait in the backlog.
+    let h = hostile.clone();
+    let stalled = blocking(move || {
+        (0..64)
+            .map(|_| {
+                let s = seqpacket::connect(&h.join("control")).unwrap();
+                s.set_nonblocking(false).unwrap();
+                s
+            })
+            .collect::<Vec<_>>()
+    })
+    .await;
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let view = n.gates.view(&ContainerId::parse("hostile").unwrap()).unwrap();
+    assert_eq!(
+        view.connections, 4,
+        "connections beyond the bound stay in the backlog"
+    );
+    let started = Instant::now();
+    let v = victim.clone();
+    assert!(blocking(move || cuda_client(&v)).await);
+    let took = started.elapsed();
+    // Without the gate's own hello each stalled connection held the daemon for the handshake
+    // timeout (5 s here): 64 of them, minutes.
+    assert!(took < Duration::from_secs(3), "the victim took {took:?}");
+    assert_eq!(*n.daemon.connections.lock().unwrap(), 2);
+    drop(stalled);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_client_that_never_acknowledges_holds_the_daemon_only_briefly() {
+    let n = node(4);
+    let slow = n.open("slow", 4, 25, 1);
+    let other = n.open("other", 8, 50, 1);
+    let s = slow.clone();
+    let held = blocking(move || {
+        let c = open(&s);
+        send(&c, wire::CREDENTIALS, None);
+        send(&c, &2u32.to_le_bytes(), None);
+        let (answer, _, fds) = recv(&c).unwrap();
+        assert_eq!((answer.as_slice(), fds), (wire::CHANNEL_ANSWER, 1));
+        c // never acknowledged, kept open
+    })
+    .await;
+    let started = Instant::now();
+    let o = other.clone();
+    assert!(blocking(move || cuda_client(&o)).await);
+    assert!(
+        started.elapsed() < Duration::from_secs(3),
+        "{:?}",
+        started.elapsed()
+    );
+    drop(held);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_closed_gate_removes_its_dir_and_stops_answering() {
+    let n = node(4);
+    let gate = n.open("c", 4, 25, 1);
+    let g = gate.clone();
+    assert!(blocking(move || cuda_client(&g)).await);
+    let id = ContainerId::parse("c").unwrap();
+    assert!(n.gates.close(&id, &gate));
+    assert!(!gate.exists());
+    assert!(n.gates.view(&id).is_none());
+}
