@@ -3,6 +3,8 @@
 //! which containerd resolves the annotation against where it has CDI on (1.7 with
 //! `enable_cdi = true`, 2.x by default).
 
+use std::path::PathBuf;
+
 use serde_json::json;
 
 /// The CDI kind of NVIDIA GPUs.
@@ -31,6 +33,24 @@ pub fn gpu_spec(uuids: &[String]) -> (String, String) {
     ("gpu-mps-e2e-nvidia-gpu.json".into(), spec.to_string())
 }
 
+/// A CDI spec file (name, JSON) naming each `(uuid, host node)` as a device of kind
+/// `nvidia.com/gpu` whose edits add that host node at `/dev/nvidia0`, as the toolkit's specs add
+/// a GPU's node. Type and numbers are left out: containerd's CDI library reads them from the
+/// host node, so the container's linux.devices entry carries the node's real 195:<minor>.
+pub fn gpu_node_spec(devices: &[(String, PathBuf)]) -> (String, String) {
+    let devices: Vec<_> = devices
+        .iter()
+        .map(|(uuid, host)| {
+            json!({"name": uuid, "containerEdits": {
+                "env": [VISIBLE_DEVICES_VOID],
+                "deviceNodes": [{"path": "/dev/nvidia0", "hostPath": host}],
+            }})
+        })
+        .collect();
+    let spec = json!({"cdiVersion": CDI_VERSION, "kind": GPU_KIND, "devices": devices});
+    ("gpu-mps-e2e-nvidia-gpu-nodes.json".into(), spec.to_string())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -47,5 +67,15 @@ mod tests {
             VISIBLE_DEVICES_VOID
         );
         assert_eq!(gpu_device("GPU-a"), "nvidia.com/gpu=GPU-a");
+    }
+
+    #[test]
+    fn a_node_spec_adds_each_gpus_host_node() {
+        let (name, text) = gpu_node_spec(&[("GPU-a".into(), PathBuf::from("/t/nvidia-fake-3"))]);
+        assert!(name.ends_with(".json"));
+        let spec: serde_json::Value = serde_json::from_str(&text).unwrap();
+        let node = &spec["devices"][0]["containerEdits"]["deviceNodes"][0];
+        assert_eq!(node["path"], "/dev/nvidia0");
+        assert_eq!(node["hostPath"], "/t/nvidia-fake-3");
     }
 }

@@ -9,7 +9,10 @@ use serde_json::Value;
 
 /// Where a GPU container sees its daemon's pipe dir.
 pub use gpu_mps_api::CONTAINER_PIPE_DIR;
-pub use gpu_mps_checker::{DevShm, Mount, MpsClient, NvidiaSmi, PipeDir, Report};
+pub use gpu_mps_checker::{
+    CLI_CANNOT_SEND, CUDA_REFUSED, DevShm, Mount, MpsClient, MpsProcesses, MpsRaw, MpsStall, MpsUi,
+    NvidiaSmi, PipeDir, Report,
+};
 
 use crate::binaries::BUILD_CHECKER;
 
@@ -26,6 +29,10 @@ pub trait CheckerLine: DeserializeOwned {
 
 impl CheckerLine for Report {}
 impl CheckerLine for MpsClient {}
+impl CheckerLine for MpsUi {}
+impl CheckerLine for MpsStall {}
+impl CheckerLine for MpsProcesses {}
+impl CheckerLine for MpsRaw {}
 
 /// The report without what differs between any two containers (namespace ids, marker names,
 /// device numbers, mount ids): two containers given the same spec compare equal.
@@ -105,7 +112,7 @@ mod tests {
         "mps_pipe_dir":{"path":"/tmp/nvidia-mps","exists":true,"is_mount_point":true,
             "mount":{"mount_id":5,"parent_id":1,"major_minor":"0:1","root":"/r/daemons/GPU-1/pipe",
                 "mount_point":"/tmp/nvidia-mps","options":"ro,nosuid","fstype":"tmpfs","source":"tmpfs","super_options":"rw"},
-            "control_exists":true,"control_is_socket":true,"create_file":"EROFS"},
+            "control_exists":true,"control_is_socket":true,"create_file":"EROFS","entries":["control"]},
         "dev_shm":{"exists":true,"is_mount_point":true,"mount":null,"st_dev":7,"st_dev_major":0,"st_dev_minor":7,
             "marker":"/dev/shm/x","marker_created":true,"marker_error":null},
         "nvidia_smi":{"/usr/bin/nvidia-smi":{"exists":true,"masked":true,"size":0,"head":"","error":null}}}"#;

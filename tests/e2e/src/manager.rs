@@ -34,6 +34,10 @@ pub struct LimitsConfig {
     pub overcommit: Option<f64>,
     /// `[gate] handshake_timeout_seconds`, when not the default.
     pub gate_handshake_timeout_seconds: Option<u64>,
+    /// More `key = value` lines for `[limits]` (maximums, default_cuda_processes).
+    pub extra_limits: Vec<String>,
+    /// TOML appended at the end (e.g. a `[limits.namespaces."<ns>"]` table).
+    pub extra_toml: String,
 }
 
 impl Default for LimitsConfig {
@@ -45,6 +49,8 @@ impl Default for LimitsConfig {
             ceiling: None,
             overcommit: None,
             gate_handshake_timeout_seconds: None,
+            extra_limits: Vec::new(),
+            extra_toml: String::new(),
         }
     }
 }
@@ -73,6 +79,18 @@ impl LimitsConfig {
         self.tenancy = tenancy;
         self
     }
+
+    /// One more `key = value` line under `[limits]`.
+    pub fn limit(mut self, line: &str) -> LimitsConfig {
+        self.extra_limits.push(line.into());
+        self
+    }
+
+    /// TOML appended to the node config.
+    pub fn toml(mut self, text: &str) -> LimitsConfig {
+        self.extra_toml.push_str(text);
+        self
+    }
 }
 
 /// `count` fake GPUs of `memory_bytes` each, with recognisable UUIDs.
@@ -80,6 +98,7 @@ pub fn fake_gpus(count: u32, memory_bytes: u64) -> Vec<GpuInfo> {
     (0..count)
         .map(|index| GpuInfo {
             index,
+            minor: index,
             uuid: fake_uuid(index),
             name: "Fake GPU (test double)".into(),
             memory_bytes,
@@ -121,6 +140,9 @@ pub fn node_config_toml(root: &Path, bins: &Binaries, runc: &Path, limits: &Limi
     if let Some(overcommit) = limits.overcommit {
         text += &format!("overcommit = {overcommit:?}\n");
     }
+    for line in &limits.extra_limits {
+        text += &format!("{line}\n");
+    }
     if let Some(seconds) = limits.gate_handshake_timeout_seconds {
         text += &format!("\n[gate]\nhandshake_timeout_seconds = {seconds}\n");
     }
@@ -129,6 +151,7 @@ pub fn node_config_toml(root: &Path, bins: &Binaries, runc: &Path, limits: &Limi
         "\n[daemon]\ncontrol_binary = {}\nidle_grace_seconds = {IDLE_GRACE_SECONDS}\nexclusive_process = false\n\n[hook]\ntimeout_seconds = 10\n",
         p(&bins.fake_mps_control)
     );
+    text += &limits.extra_toml;
     text
 }
 
@@ -219,6 +242,58 @@ impl Manager {
         self.wait_for_socket().await
     }
 
+    /// SIGKILL, as a crash or an OOM kill: nothing of the manager's shutdown runs.
+    pub fn kill(&mut self) {
+        if let Some(mut child) = self.child.take() {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
+
+    /// Starts the manager again after [`Manager::kill`].
+    pub async fn start_again(&mut self) -> Result<()> {
+        self.spawn()?;
+        self.wait_for_socket().await
+    }
+
+    /// Runs a second manager on this one's config and root, and returns how it ended and what
+    /// it printed (it must refuse to start: one manager per root).
+    pub async fn run_second(&self) -> Result<(std::process::ExitStatus, String)> {
+        let run = tokio::process::Command::new(&self.binary)
+            .arg("--config")
+            .arg(&self.config_path)
+            .arg("--fake-inventory")
+            .arg(&self.inventory_path)
+            .stdin(Stdio::null())
+            .kill_on_drop(true)
+            .output();
+        let out = tokio::time::timeout(START_TIMEOUT, run)
+            .await
+            .context("a second manager on the same root neither served nor exited")??;
+        Ok((
+            out.status,
+            format!(
+                "{}{}",
+                String::from_utf8_lossy(&out.stdout),
+                String::from_utf8_lossy(&out.stderr)
+            ),
+        ))
+    }
+
+    /// What the tests take as the manager's config from now on (after a restart on a new file).
+    pub fn set_config(&mut self, config: NodeConfig) {
+        self.config = config;
+    }
+
+    /// Replaces the node config file (the running manager does not read it again).
+    pub fn write_config(&self, limits: &LimitsConfig, bins: &Binaries, runc: &Path) -> Result<NodeConfig> {
+        let text = node_config_toml(&self.config.root, bins, runc, limits);
+        let config =
+            NodeConfig::from_toml(&text, &self.config_path).context("the test node config is invalid")?;
+        std::fs::write(&self.config_path, &text)?;
+        Ok(config)
+    }
+
     async fn wait_for_socket(&mut self) -> Result<()> {
         let socket = self.config.manager_socket();
         let deadline = Instant::now() + START_TIMEOUT;
@@ -263,6 +338,14 @@ impl Manager {
 
     pub fn gpu_uuid(&self, index: usize) -> &str {
         &self.inventory.gpus[index].uuid
+    }
+
+    /// The host dir a container sees at /tmp/nvidia-mps: its gate dir, under every policy.
+    pub fn gate_dir(&self, container_id: &str) -> PathBuf {
+        match gpu_mps_api::ContainerId::parse(container_id) {
+            Ok(id) => self.config.gate_dir(&id),
+            Err(_) => self.config.gates_root().join("<an id that names no gate>"),
+        }
     }
 
     /// The host pipe dir of the daemon of one GPU.
@@ -418,13 +501,15 @@ mod tests {
     fn status_lookups() {
         let status: StatusView = serde_json::from_value(serde_json::json!({
             "manager_version": "0.1.0", "policy": "uniform", "tenancy": "shared", "gpus": [],
+            "config_digest": "0123456789abcdef", "config_source": "/etc/gpu-mps/config.toml", "config_note": "",
             "daemons": [{"key": "GPU-1", "gpu_uuids": ["GPU-1"], "state": "running", "control_pid": 42,
                 "server_pids": [], "memory_limit_bytes": 4294967296u64, "active_thread_percentage": 25,
                 "leases": 1, "pipe_dir": "/r/daemons/GPU-1/pipe", "started_unix": 1, "idle_since_unix": 0,
                 "faults": 0, "last_fault_unix": 0}],
             "leases": [{"container_id": "c1", "namespace": "default", "pod": "p", "container_name": "c",
                 "daemon": "GPU-1", "gpu_uuids": ["GPU-1"], "memory_limit_bytes": 4294967296u64,
-                "active_thread_percentage": 25, "pid": 7, "acquired_unix": 1}],
+                "active_thread_percentage": 25, "pid": 7, "acquired_unix": 1, "cuda_processes": 1,
+                "admitted_pids": [], "refusals": 0, "last_refusal": "", "gate_connections": 0}],
         }))
         .unwrap();
         assert_eq!(status.daemons_of("GPU-1")[0].control_pid, 42);

@@ -84,12 +84,18 @@ async fn gpu_container_sees_its_daemon(suite: Suite) -> Result<()> {
         pipe.control_exists && pipe.control_is_socket,
         "no control socket in /tmp/nvidia-mps: {pipe:?}"
     );
-    let host_pipe = node.manager.pipe_dir(&uuid);
+    // Its own gate, never the daemon's pipe dir (which holds control_privileged).
     ensure!(
-        !mount.root.is_empty() && host_pipe.to_string_lossy().ends_with(&mount.root),
-        "/tmp/nvidia-mps is {}, not the pipe dir of GPU {uuid}'s daemon {}",
+        pipe.entries == ["control"],
+        "/tmp/nvidia-mps holds {:?}: only the gate's control socket may reach a pod",
+        pipe.entries
+    );
+    let gate = node.manager.gate_dir(&run.id);
+    ensure!(
+        !mount.root.is_empty() && gate.to_string_lossy().ends_with(&mount.root),
+        "/tmp/nvidia-mps is {}, not the container's gate {} (GPU {uuid})",
         mount.root,
-        host_pipe.display()
+        gate.display()
     );
 
     let shm = &report.dev_shm;
@@ -158,14 +164,15 @@ async fn gpu_container_sees_its_daemon(suite: Suite) -> Result<()> {
         client
     );
 
-    // GPU 1, named by index: its own daemon's pipe dir.
-    let other = report_of(&node, &gpu_run(&node, &rootfs, "1", &["report"])).await?;
+    // GPU 1, named by index: its own gate, on GPU 1's daemon (checked by its lease below).
+    let other_run = gpu_run(&node, &rootfs, "1", &["report"]);
+    let other = report_of(&node, &other_run).await?;
     let other_root = other.mps_pipe_dir.mount.map(|m| m.root).unwrap_or_default();
-    let other_pipe = node.manager.pipe_dir(node.gpu_uuid(1));
+    let other_gate = node.manager.gate_dir(&other_run.id);
     ensure!(
-        !other_root.is_empty() && other_pipe.to_string_lossy().ends_with(&other_root),
+        !other_root.is_empty() && other_gate.to_string_lossy().ends_with(&other_root),
         "GPU 1's container has {other_root}, not {}",
-        other_pipe.display()
+        other_gate.display()
     );
 
     // ctr run --rm deleted the containers: the poststop hook released their leases.
@@ -199,7 +206,8 @@ async fn container_cannot_override_the_shim(suite: Suite) -> Result<()> {
             ))
     };
 
-    let report = report_of(&node, &overriding(&["report"])).await?;
+    let reporting = overriding(&["report"]);
+    let report = report_of(&node, &reporting).await?;
     let env = report.mps_env();
     ensure!(
         env.get("CUDA_MPS_ACTIVE_THREAD_PERCENTAGE") == Some(&"25"),
@@ -220,8 +228,13 @@ async fn container_cannot_override_the_shim(suite: Suite) -> Result<()> {
         .map(|m| m.root.clone())
         .unwrap_or_default();
     ensure!(
-        !root.is_empty() && node.manager.pipe_dir(&uuid).to_string_lossy().ends_with(&root),
-        "pipe dir mount: {root}"
+        !root.is_empty()
+            && node
+                .manager
+                .gate_dir(&reporting.id)
+                .to_string_lossy()
+                .ends_with(&root),
+        "pipe dir mount: {root}, not the container's gate"
     );
     ensure!(
         report.mps_pipe_dir.create_file == "EROFS",

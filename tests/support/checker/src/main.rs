@@ -8,13 +8,28 @@
 //!   pid                             {"pid": getpid()}
 //!   mps-client [--hold-seconds N]   fake CUDA client of fake-mps-control (see mps_client.rs); exit 1
 //!                                   when not served, 128 + signo when SIGTERM/SIGINT cut the hold short
+//!   mps-ui <command...>             one control CLI command from inside the pod (mps_ui.rs); exit 1
+//!                                   when no answer came
+//!   mps-stall --connections N --hold-seconds S [--read-hello]
+//!                                   N silent connections held S seconds (mps_stall.rs)
+//!   mps-processes --count N [--hold-seconds S]
+//!                                   N mps-client processes at once (mps_processes.rs); exit 1 unless
+//!                                   all were admitted
+//!   mps-raw --kind K [--socket NAME] [--wait-seconds W]
+//!                                   hello, credentials and kind K, unframed; what came back (mps_raw.rs)
 //!   pause                           sleep until SIGTERM or SIGINT, exit 0 (pause container)
 //!   sleep <seconds>                 print, sleep, exit 0 (128 + signo when SIGTERM/SIGINT cut it short)
 //!   exit <code>                     print, exit with <code>
 
+mod control_connection;
 mod mps_client;
+mod mps_processes;
+mod mps_raw;
+mod mps_stall;
+mod mps_ui;
 mod report;
 
+use std::collections::{BTreeMap, BTreeSet};
 use std::fmt::Display;
 use std::io::Write;
 use std::process::ExitCode;
@@ -26,7 +41,7 @@ use nix::sys::signal::{SigSet, Signal, kill};
 use nix::sys::wait::{WaitPidFlag, WaitStatus, waitpid};
 use nix::unistd::getpid;
 
-const USAGE: &str = "usage: gpu-mps-checker report [--hold-seconds N] | pid | mps-client [--hold-seconds N] | pause | sleep <seconds> | exit <code>";
+const USAGE: &str = "usage: gpu-mps-checker report [--hold-seconds N] | pid | mps-client [--hold-seconds N] | mps-ui <command...> | mps-stall --connections N --hold-seconds S [--read-hello] | mps-processes --count N [--hold-seconds S] | mps-raw --kind K [--socket NAME] [--wait-seconds W] | pause | sleep <seconds> | exit <code>";
 
 fn main() -> ExitCode {
     let args: Vec<String> = std::env::args().skip(1).collect();
@@ -48,6 +63,57 @@ fn main() -> ExitCode {
         }
         ["mps-client", rest @ ..] => match hold_seconds(rest) {
             Ok(seconds) => mps_client(seconds),
+            Err(e) => usage_error(&e),
+        },
+        ["mps-ui"] => usage_error("mps-ui needs a command"),
+        ["mps-ui", command @ ..] => {
+            let line = mps_ui::run(&command.join(" "));
+            emit(&line);
+            if line.reached_daemon {
+                ExitCode::SUCCESS
+            } else {
+                ExitCode::FAILURE
+            }
+        }
+        ["mps-stall", rest @ ..] => {
+            match Flags::parse(rest, &["--connections", "--hold-seconds"], &["--read-hello"]).and_then(|f| {
+                Ok((
+                    f.number("--connections")?.ok_or("--connections is required")?,
+                    f.seconds("--hold-seconds")?.ok_or("--hold-seconds is required")?,
+                    f.switch("--read-hello"),
+                ))
+            }) {
+                Ok((connections, hold, read_hello)) => {
+                    let blocked = block_stop_signals();
+                    let (line, interrupted) = mps_stall::run(connections, hold, read_hello, blocked);
+                    emit(&line);
+                    exit_after(interrupted)
+                }
+                Err(e) => usage_error(&e),
+            }
+        }
+        ["mps-processes", rest @ ..] => match Flags::parse(rest, &["--count", "--hold-seconds"], &[])
+            .and_then(|f| {
+                Ok((
+                    f.number("--count")?.ok_or("--count is required")?,
+                    f.seconds("--hold-seconds")?.unwrap_or(0.0),
+                ))
+            }) {
+            Ok((count, hold)) => mps_processes(count, hold),
+            Err(e) => usage_error(&e),
+        },
+        ["mps-raw", rest @ ..] => match Flags::parse(rest, &["--kind", "--socket", "--wait-seconds"], &[])
+            .and_then(|f| {
+                Ok((
+                    f.number("--kind")?.ok_or("--kind is required")?,
+                    f.value("--socket").unwrap_or("control").to_string(),
+                    f.seconds("--wait-seconds")?.unwrap_or(2.0),
+                ))
+            }) {
+            Ok((kind, socket, wait)) => {
+                emit(&mps_raw::run(kind, &socket, Duration::from_secs_f64(wait)));
+                ExitCode::SUCCESS
+            }
             Err(e) => usage_error(&e),
         },
         ["pause"] => pause(),
@@ -112,17 +178,98 @@ fn hold_seconds(args: &[&str]) -> Result<f64, String> {
         .ok_or_else(|| format!("bad --hold-seconds {value:?}"))
 }
 
+/// `--name value` and `--name=value` options and bare switches, each at most once.
+struct Flags {
+    values: BTreeMap<String, String>,
+    switches: BTreeSet<String>,
+}
+
+impl Flags {
+    fn parse(args: &[&str], valued: &[&str], switches: &[&str]) -> Result<Flags, String> {
+        let mut flags = Flags {
+            values: BTreeMap::new(),
+            switches: BTreeSet::new(),
+        };
+        let mut args = args.iter();
+        while let Some(arg) = args.next() {
+            let (name, inline) = match arg.split_once('=') {
+                Some((name, value)) => (name, Some(value)),
+                None => (*arg, None),
+            };
+            if valued.contains(&name) {
+                let value = match inline {
+                    Some(v) => v,
+                    None => args.next().ok_or(format!("{name} needs a value"))?,
+                };
+                if flags.values.insert(name.to_string(), value.to_string()).is_some() {
+                    return Err(format!("{name} given twice"));
+                }
+            } else if switches.contains(&name) && inline.is_none() {
+                flags.switches.insert(name.to_string());
+            } else {
+                return Err(format!("unknown argument {arg:?}"));
+            }
+        }
+        Ok(flags)
+    }
+
+    fn value(&self, name: &str) -> Option<&str> {
+        self.values.get(name).map(String::as_str)
+    }
+
+    fn number(&self, name: &str) -> Result<Option<u32>, String> {
+        self.value(name)
+            .map(|v| v.parse().map_err(|_| format!("bad {name} {v:?}")))
+            .transpose()
+    }
+
+    fn seconds(&self, name: &str) -> Result<Option<f64>, String> {
+        self.value(name)
+            .map(|v| {
+                v.parse::<f64>()
+                    .ok()
+                    .filter(|s| s.is_finite() && *s >= 0.0)
+                    .ok_or_else(|| format!("bad {name} {v:?}"))
+            })
+            .transpose()
+    }
+
+    fn switch(&self, name: &str) -> bool {
+        self.switches.contains(name)
+    }
+}
+
 fn mps_client(hold: f64) -> ExitCode {
     let blocked = block_stop_signals();
-    let (value, ok, channel) = mps_client::connect();
+    let (value, channel) = mps_client::connect();
     // Printed before holding, so a test can read it while the client is still connected.
     emit(&value);
     let Some(channel) = channel else {
-        return if ok { ExitCode::SUCCESS } else { ExitCode::FAILURE };
+        return ExitCode::FAILURE;
     };
     let interrupted = sleep_or_signal(blocked, hold);
     drop(channel);
     exit_after(interrupted)
+}
+
+fn mps_processes(count: u32, hold: f64) -> ExitCode {
+    // Blocked before the children start: they block their own, and a SIGTERM meant for the
+    // container's PID 1 is passed on to them instead of being lost.
+    let blocked = block_stop_signals();
+    let started = std::time::Instant::now();
+    let (line, children) = mps_processes::run(count, hold);
+    let all_admitted = line.admitted == count;
+    // Printed while the children still hold their channels; they let go about `hold` after
+    // they started.
+    emit(&line);
+    let left = (hold - started.elapsed().as_secs_f64()).max(0.0);
+    let interrupted = sleep_or_signal(blocked, left);
+    children.wait(interrupted);
+    match interrupted {
+        Some(_) => exit_after(interrupted),
+        None if all_admitted => ExitCode::SUCCESS,
+        None => ExitCode::FAILURE,
+    }
 }
 
 /// Blocks SIGTERM and SIGINT (and SIGALRM, the timer of [`sleep_or_signal`]) BEFORE the JSON
@@ -138,7 +285,7 @@ fn block_stop_signals() -> Option<SigSet> {
 }
 
 /// Sleeps `seconds`, or less when SIGTERM or SIGINT comes first (returned).
-fn sleep_or_signal(blocked: Option<SigSet>, seconds: f64) -> Option<Signal> {
+pub fn sleep_or_signal(blocked: Option<SigSet>, seconds: f64) -> Option<Signal> {
     if seconds == 0.0 {
         return None;
     }

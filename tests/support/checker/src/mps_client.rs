@@ -1,32 +1,22 @@
-//! `mps-client`: a fake CUDA client for fake-mps-control. It connects where CUDA would (the
-//! pipe dir's `control` socket) the way a CUDA client does (three connections, measured on the
-//! H200), says `CLIENT <pid> <uid>` with its OWN view of pid and uid (in a container the pid is
-//! 1: the daemon uses the message's credentials instead), reads the
-//! `SERVER <srv-pid> THREADS <p> MEM <dev>=<value>[,...]` line with its channel to the server,
-//! and holds the channel.
+//! `mps-client`: a fake CUDA client. It connects where CUDA would (the pipe dir's `control`)
+//! and makes the three connections a real CUDA client makes, framed as measured on the H200
+//! (lib's mps_framing): a probe that reads the hello and closes; a kind-2 request that gets
+//! the client's channel to the server as a passed descriptor (the fake daemon puts its line
+//! `SERVER <srv-pid> THREADS <p> MEM <dev>=<value>[,...]` on that channel); and a second
+//! kind-2 request that gets a second descriptor, dropped at once. It then holds the channel.
+//!
+//! It tells apart what a real CUDA client would do: no daemon, or a close before the hello,
+//! is a direct context on the whole GPU; a close after the request is a clean failure.
 
 use std::collections::BTreeMap;
-use std::io::{IoSlice, IoSliceMut, Read};
-use std::os::fd::{AsRawFd, RawFd};
 use std::os::unix::net::UnixStream;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 
-use gpu_mps_checker::{MpsClient, PIPE_DIR};
-use nix::cmsg_space;
-use nix::sys::socket::{
-    self, AddressFamily, ControlMessage, ControlMessageOwned, MsgFlags, SockFlag, SockType, UnixAddr,
-    UnixCredentials, setsockopt, sockopt,
-};
-use nix::sys::time::{TimeVal, TimeValLike};
+use gpu_mps_checker::mps_framing::{self, CHANNEL_PASSED, CLIENT_ACK, KIND_CUDA_CLIENT};
+use gpu_mps_checker::{CUDA_REFUSED, MpsClient, PIPE_DIR};
 use nix::unistd::{getpid, getuid};
 
-use crate::errno_name;
-
-const ANSWER_TIMEOUT_SECONDS: i64 = 30;
-/// What the (fake) daemon says first on every connection; see fake-mps-control's protocol.rs.
-const DAEMON_HELLO: &str = "HELLO";
-const CLIENT_HELLO: &str = "CLIENT";
-const CHANNEL_HELLO: &str = "CHANNEL";
+use crate::control_connection::{self, ConnectionError, ControlConnection, RECEIVE_TIMEOUT};
 
 /// What the daemon told the client.
 #[derive(Debug, Clone, PartialEq)]
@@ -39,7 +29,7 @@ pub struct ServerLine {
 /// `SERVER 607 THREADS 25.0 MEM 0=4G,1=3000M`
 pub fn parse_server_line(line: &str) -> Result<ServerLine, String> {
     let words: Vec<&str> = line.split_whitespace().collect();
-    let malformed = || format!("malformed answer {line:?}");
+    let malformed = || format!("malformed server line {line:?}");
     match words.as_slice() {
         ["SERVER", pid, "THREADS", threads, "MEM", mem @ ..] if mem.len() <= 1 => {
             let mut map = BTreeMap::new();
@@ -59,165 +49,194 @@ pub fn parse_server_line(line: &str) -> Result<ServerLine, String> {
                 mem: map,
             })
         }
-        ["ERROR", ..] => Err(format!("daemon refused the client: {line}")),
         _ => Err(malformed()),
     }
 }
 
-/// The client's channel to its server: a descriptor the daemon passed, held while the client
-/// "uses" the server (the fake daemon lists the client until it is closed).
-#[derive(Debug)]
-pub struct Channel(RawFd);
-
-impl Drop for Channel {
-    fn drop(&mut self) {
-        let _ = nix::unistd::close(self.0);
+/// The pipe dir CUDA would use: CUDA_MPS_PIPE_DIRECTORY, else the default.
+pub fn pipe_dir() -> PathBuf {
+    match std::env::var_os("CUDA_MPS_PIPE_DIRECTORY") {
+        Some(dir) if !dir.is_empty() => PathBuf::from(dir),
+        _ => PathBuf::from(PIPE_DIR),
     }
 }
 
-/// Returns the line to print, whether it succeeded, and the channel to hold. Makes the three
-/// control connections of a CUDA client (see fake-mps-control's protocol.rs): a probe, the one
-/// that gets the server's answer and the channel, and one more for a second descriptor.
-pub fn connect() -> (MpsClient, bool, Option<Channel>) {
-    let pipe_dir = match std::env::var_os("CUDA_MPS_PIPE_DIRECTORY") {
-        Some(dir) if !dir.is_empty() => PathBuf::from(dir),
-        // Where CUDA looks when CUDA_MPS_PIPE_DIRECTORY is unset.
-        _ => PathBuf::from(PIPE_DIR),
+/// How the client's connections ended.
+enum Outcome {
+    Admitted {
+        channel: UnixStream,
+        server: ServerLine,
+        answer: String,
+    },
+    Refused {
+        detail: String,
+    },
+    DirectContext {
+        error: String,
+    },
+    Failed {
+        error: String,
+    },
+}
+
+/// Returns the line to print and, when admitted, the channel to hold.
+pub fn connect() -> (MpsClient, Option<UnixStream>) {
+    let pipe_dir = pipe_dir();
+    let mut progress = Progress::default();
+    let outcome = run(&pipe_dir.join("control"), &mut progress);
+    let mut line = MpsClient {
+        connected: progress.got_hello,
+        admitted: false,
+        refused: false,
+        direct_context: false,
+        descriptors: progress.descriptors,
+        server_pid: None,
+        threads: None,
+        mem: BTreeMap::new(),
+        pipe_dir_used: pipe_dir.to_string_lossy().into_owned(),
+        sent_pid: getpid().as_raw(),
+        sent_uid: getuid().as_raw(),
+        answer: None,
+        error: None,
+        detail: None,
     };
-    let (pid, uid) = (getpid().as_raw(), getuid().as_raw());
-    let result =
-        |connected: bool, server: Option<&ServerLine>, answer: Option<&str>, error: Option<String>| {
-            MpsClient {
-                connected,
-                server_pid: server.map(|s| s.server_pid),
-                threads: server.map(|s| s.threads.clone()),
-                mem: server.map(|s| s.mem.clone()).unwrap_or_default(),
-                pipe_dir_used: pipe_dir.to_string_lossy().into_owned(),
-                sent_pid: pid,
-                sent_uid: uid,
-                answer: answer.map(str::to_string),
-                error,
-            }
-        };
-    let control = pipe_dir.join("control");
-    let failed = |connected: bool, e: String| (result(connected, None, None, Some(e)), false, None);
-    // 1: the probe.
-    if let Err(e) = open(&control) {
-        return failed(false, format!("connect {}: {e}", control.display()));
+    match outcome {
+        Outcome::Admitted {
+            channel,
+            server,
+            answer,
+        } => {
+            line.admitted = true;
+            line.server_pid = Some(server.server_pid);
+            line.threads = Some(server.threads);
+            line.mem = server.mem;
+            line.answer = Some(answer);
+            (line, Some(channel))
+        }
+        Outcome::Refused { detail } => {
+            line.refused = true;
+            line.error = Some(CUDA_REFUSED.to_string());
+            line.detail = Some(detail);
+            (line, None)
+        }
+        Outcome::DirectContext { error } => {
+            line.direct_context = true;
+            line.detail = Some(
+                "a real CUDA client would now open a direct context on the whole GPU, without MPS"
+                    .to_string(),
+            );
+            line.error = Some(error);
+            (line, None)
+        }
+        Outcome::Failed { error } => {
+            line.error = Some(error);
+            (line, None)
+        }
     }
-    // 2: the answer and the channel.
-    let stream = match open(&control) {
-        Ok(stream) => stream,
-        Err(e) => return failed(false, format!("connect {}: {e}", control.display())),
-    };
-    let (answer, fds) = match exchange(&stream, &format!("{CLIENT_HELLO} {pid} {uid}")) {
+}
+
+/// What was seen along the way, reported whatever the outcome.
+#[derive(Default)]
+struct Progress {
+    got_hello: bool,
+    descriptors: u32,
+}
+
+fn run(control: &Path, progress: &mut Progress) -> Outcome {
+    // 1: the probe.
+    match open(control, progress, "probe") {
+        Ok(probe) => drop(probe),
+        Err(outcome) => return outcome,
+    }
+    // 2: the request that registers the client; its channel carries the server's line.
+    let (answer, mut descriptors) = match request_descriptor(control, progress, "request") {
         Ok(got) => got,
-        Err(e) => return failed(true, e),
+        Err(outcome) => return outcome,
     };
-    drop(stream);
-    let mut fds = fds.into_iter().map(Channel);
-    let channel = fds.next();
-    drop(fds);
-    let server = match parse_server_line(&answer) {
-        Ok(server) => server,
-        Err(e) => return (result(true, None, Some(&answer), Some(e)), false, None),
-    };
-    let Some(channel) = channel else {
-        let e = "the daemon passed no channel with its answer".to_string();
-        return (result(true, Some(&server), Some(&answer), Some(e)), false, None);
-    };
-    // 3: the second descriptor, closed at once.
-    match open(&control)
-        .map_err(|e| format!("connect {}: {e}", control.display()))
-        .and_then(|s| exchange(&s, CHANNEL_HELLO))
-    {
-        Ok((_, second)) if second.len() == 1 => second.into_iter().for_each(|fd| drop(Channel(fd))),
-        Ok((text, second)) => {
-            let e = format!("third connection: {text:?} with {} descriptors", second.len());
-            return (result(true, Some(&server), Some(&answer), Some(e)), false, None);
+    let channel = descriptors.remove(0);
+    let _ = channel.set_read_timeout(Some(RECEIVE_TIMEOUT));
+    let answer_line = match control_connection::receive(&channel) {
+        Ok(Some(m)) => String::from_utf8_lossy(&m.bytes).trim().to_string(),
+        Ok(None) => {
+            return Outcome::Failed {
+                error: format!("the channel passed with {answer} closed before the server's line"),
+            };
         }
         Err(e) => {
-            return (
-                result(
-                    true,
-                    Some(&server),
-                    Some(&answer),
-                    Some(format!("third connection: {e}")),
-                ),
-                false,
-                None,
-            );
+            return Outcome::Failed {
+                error: format!("waiting for the server's line on the channel: {e:?}"),
+            };
         }
+    };
+    let server = match parse_server_line(&answer_line) {
+        Ok(server) => server,
+        Err(error) => return Outcome::Failed { error },
+    };
+    // 3: the second descriptor, dropped at once.
+    if let Err(outcome) = request_descriptor(control, progress, "second request") {
+        return outcome;
     }
-    (
-        result(true, Some(&server), Some(&answer), None),
-        true,
-        Some(channel),
-    )
+    Outcome::Admitted {
+        channel,
+        server,
+        answer: answer_line,
+    }
 }
 
-/// Sends `message` with this process's credentials and reads the answer and the descriptors
-/// that came with it.
-fn exchange(stream: &UnixStream, message: &str) -> Result<(String, Vec<RawFd>), String> {
-    let creds = UnixCredentials::new();
-    socket::sendmsg::<()>(
-        stream.as_raw_fd(),
-        &[IoSlice::new(message.as_bytes())],
-        &[ControlMessage::ScmCredentials(&creds)],
-        MsgFlags::MSG_NOSIGNAL,
-        None,
-    )
-    .map_err(|e| format!("send: {}", errno_name(&std::io::Error::from(e))))?;
-    let mut buf = vec![0u8; 4096];
-    let mut cmsg = cmsg_space!([RawFd; 4]);
-    let mut iov = [IoSliceMut::new(&mut buf)];
-    let msg = socket::recvmsg::<()>(
-        stream.as_raw_fd(),
-        &mut iov,
-        Some(&mut cmsg),
-        MsgFlags::MSG_CMSG_CLOEXEC,
-    )
-    .map_err(|e| format!("receive: {}", errno_name(&std::io::Error::from(e))))?;
-    let mut fds = Vec::new();
-    for c in msg.cmsgs().map_err(|e| format!("receive: {e}"))? {
-        if let ControlMessageOwned::ScmRights(r) = c {
-            fds.extend(r);
+/// Connects and reads the hello; a failure there is a direct context (no socket, nobody
+/// listening, closed before the hello) or, for anything else, a failure.
+fn open(control: &Path, progress: &mut Progress, which: &str) -> Result<ControlConnection, Outcome> {
+    match ControlConnection::open_after_hello(control) {
+        Ok(connection) => {
+            progress.got_hello = true;
+            Ok(connection)
         }
+        Err(e @ (ConnectionError::Connect { .. } | ConnectionError::ClosedBeforeHello { .. })) => {
+            Err(Outcome::DirectContext {
+                error: format!("{which} connection: {e}"),
+            })
+        }
+        Err(e) => Err(Outcome::Failed {
+            error: format!("{which} connection: {e}"),
+        }),
     }
-    let n = msg.bytes;
-    if n == 0 && fds.is_empty() {
-        return Err("the daemon closed the connection".into());
-    }
-    Ok((String::from_utf8_lossy(&buf[..n]).trim().to_string(), fds))
 }
 
-/// Connects and reads the daemon's hello.
-fn open(control: &std::path::Path) -> Result<UnixStream, String> {
-    let fd = socket::socket(
-        AddressFamily::Unix,
-        SockType::SeqPacket,
-        SockFlag::SOCK_CLOEXEC,
-        None,
-    )
-    .map_err(|e| format!("{e:?}"))?;
-    let addr = UnixAddr::new(control).map_err(|e| format!("{e:?}"))?;
-    socket::connect(fd.as_raw_fd(), &addr).map_err(|e| format!("{e:?}"))?;
-    let _ = setsockopt(
-        &fd,
-        sockopt::ReceiveTimeout,
-        &TimeVal::seconds(ANSWER_TIMEOUT_SECONDS),
-    );
-    let stream = UnixStream::from(fd);
-    let mut buf = [0u8; 64];
-    match (&stream).read(&mut buf) {
-        Ok(n) if &buf[..n] == DAEMON_HELLO.as_bytes() => Ok(stream),
-        Ok(0) => Err("the daemon closed the connection before its hello".into()),
-        Ok(n) => Err(format!(
-            "unexpected hello {:?}",
-            String::from_utf8_lossy(&buf[..n])
-        )),
-        Err(e) => Err(format!("waiting for the daemon's hello: {}", errno_name(&e))),
+/// A kind-2 connection: hello, request, `OUTBCUFD` with one descriptor, ack, close. Returns
+/// the answer's hex and the descriptor.
+fn request_descriptor(
+    control: &Path,
+    progress: &mut Progress,
+    which: &str,
+) -> Result<(String, Vec<UnixStream>), Outcome> {
+    let connection = open(control, progress, which)?;
+    let failed = |e: ConnectionError| Outcome::Failed {
+        error: format!("{which} connection: {e}"),
+    };
+    // A send that fails here means the other side has already closed: it did not answer.
+    if let Err(e) = connection.send_request(KIND_CUDA_CLIENT) {
+        return Err(Outcome::Refused {
+            detail: format!("{which} connection closed at the request: {e}"),
+        });
     }
+    let Some(answer) = connection.recv("answer to the request").map_err(failed)? else {
+        return Err(Outcome::Refused {
+            detail: format!("{which} connection closed after the request, unanswered"),
+        });
+    };
+    progress.descriptors += answer.descriptors.len() as u32;
+    let hex = mps_framing::hex(&answer.bytes);
+    if answer.bytes != CHANNEL_PASSED || answer.descriptors.len() != 1 {
+        return Err(Outcome::Failed {
+            error: format!(
+                "{which} connection: answer {hex} with {} descriptors, expected {} with 1",
+                answer.descriptors.len(),
+                mps_framing::hex(CHANNEL_PASSED)
+            ),
+        });
+    }
+    connection.send_with_credentials(&CLIENT_ACK).map_err(failed)?;
+    Ok((hex, answer.descriptors))
 }
 
 #[cfg(test)]
@@ -238,14 +257,10 @@ mod tests {
     }
 
     #[test]
-    fn refuses_errors_and_garbage() {
-        assert!(
-            parse_server_line("ERROR busy")
-                .expect_err("err")
-                .contains("refused")
-        );
+    fn refuses_garbage() {
         for bad in [
             "",
+            "ERROR busy",
             "SERVER x THREADS 1 MEM 0=1G",
             "SERVER 1 THREADS 1 MEM 0",
             "HELLO",

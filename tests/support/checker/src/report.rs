@@ -101,7 +101,21 @@ fn pipe_dir(mounts: &[Mount]) -> PipeDir {
         control_exists: control.is_some(),
         control_is_socket: control.is_some_and(|m| m.file_type().is_socket()),
         create_file: try_create(dir),
+        entries: entries(dir),
     }
+}
+
+/// The names in `dir`, sorted; empty when it cannot be read.
+fn entries(dir: &Path) -> Vec<String> {
+    let mut names: Vec<String> = fs::read_dir(dir)
+        .map(|d| {
+            d.flatten()
+                .map(|e| e.file_name().to_string_lossy().into_owned())
+                .collect()
+        })
+        .unwrap_or_default();
+    names.sort();
+    names
 }
 
 /// "ok" when a new file can be created in `dir` (it is removed again), else the errno name.

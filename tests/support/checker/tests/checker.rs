@@ -1,14 +1,12 @@
-//! Runs the built checker on the host and parses what it prints.
+//! Runs the built checker on the host and parses what it prints. The MPS subcommands are in
+//! tests/mps.rs.
 
-use std::io::{BufRead, BufReader, Read, Write};
-use std::os::fd::AsRawFd;
-use std::os::unix::net::UnixListener;
+use std::io::{BufRead, BufReader};
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
-use gpu_mps_checker::{Exiting, MpsClient, Paused, Report, Sleeping, UsageError};
+use gpu_mps_checker::{Exiting, Paused, Report, Sleeping, UsageError};
 use nix::sys::signal::{Signal, kill};
-use nix::sys::socket::{self, AddressFamily, Backlog, SockFlag, SockType, UnixAddr};
 use nix::unistd::Pid;
 use serde::de::DeserializeOwned;
 use serde_json::{Value, json};
@@ -127,6 +125,22 @@ fn bad_arguments_are_exit_2_with_json() {
         &["exit", "x"],
         &["sleep"],
         &["mps-client", "--hold-seconds", "-1"],
+        &["mps-ui"],
+        &["mps-stall"],
+        &["mps-stall", "--connections", "3"],
+        &["mps-stall", "--connections", "x", "--hold-seconds", "1"],
+        &[
+            "mps-stall",
+            "--connections",
+            "3",
+            "--hold-seconds",
+            "1",
+            "--bogus",
+        ],
+        &["mps-processes"],
+        &["mps-processes", "--count", "2", "--count", "3"],
+        &["mps-raw"],
+        &["mps-raw", "--kind"],
         &["report", "--hold-seconds", "x"],
         &["report", "extra"],
         &[],
@@ -164,140 +178,6 @@ fn pause_exits_0_on_sigterm_and_sigint_at_once() {
         assert!(status.success(), "{signal}: {status}");
         assert!(sent.elapsed() < Duration::from_secs(1));
     }
-}
-
-#[test]
-fn mps_client_without_daemon_is_not_connected() {
-    let dir = tempfile::tempdir().expect("tempdir");
-    let pipe = dir.path().to_str().expect("utf8");
-    let (code, v) = run(&["mps-client"], &[("CUDA_MPS_PIPE_DIRECTORY", pipe)]);
-    assert_eq!(code, 1);
-    assert!(typed::<MpsClient>(&v).mem.is_empty());
-    assert_eq!(v["connected"], false);
-    assert_eq!(v["pipe_dir_used"], pipe);
-    assert!(v["error"].as_str().is_some_and(|e| e.contains("ENOENT")), "{v}");
-}
-
-#[test]
-fn mps_client_uses_the_default_pipe_dir_when_unset() {
-    let out = Command::new(BIN)
-        .arg("mps-client")
-        .env_remove("CUDA_MPS_PIPE_DIRECTORY")
-        .output()
-        .expect("run");
-    let v: Value = serde_json::from_slice(&out.stdout).expect("json");
-    assert_eq!(v["pipe_dir_used"], "/tmp/nvidia-mps");
-}
-
-/// Passes `fd` with `text`.
-fn send_with_fd(stream: &std::os::unix::net::UnixStream, text: &[u8], fd: std::os::fd::RawFd) {
-    let fds = [fd];
-    socket::sendmsg::<()>(
-        stream.as_raw_fd(),
-        &[std::io::IoSlice::new(text)],
-        &[socket::ControlMessage::ScmRights(&fds)],
-        socket::MsgFlags::empty(),
-        None,
-    )
-    .expect("sendmsg");
-}
-
-/// A stand-in daemon with the measured shape (fake-mps-control's protocol.rs): it greets every
-/// connection; the client probes, then asks for its server and gets a channel, then a second
-/// descriptor. The daemon reports what the client sent and how long it held its channel.
-#[test]
-fn mps_client_speaks_the_protocol_and_holds_its_channel() {
-    let dir = tempfile::tempdir().expect("tempdir");
-    let control = dir.path().join("control");
-    let fd = socket::socket(
-        AddressFamily::Unix,
-        SockType::SeqPacket,
-        SockFlag::SOCK_CLOEXEC,
-        None,
-    )
-    .expect("socket");
-    socket::bind(fd.as_raw_fd(), &UnixAddr::new(&control).expect("addr")).expect("bind");
-    socket::listen(&fd, Backlog::new(4).expect("backlog")).expect("listen");
-    let listener = UnixListener::from(fd);
-    let daemon = std::thread::spawn(move || {
-        let mut buf = [0u8; 256];
-        let mut said = Vec::new();
-        let mut channel = None;
-        for connection in 0..3 {
-            let (stream, _) = listener.accept().expect("accept");
-            (&stream).write_all(b"HELLO").expect("hello");
-            let n = (&stream).read(&mut buf).expect("read");
-            said.push(String::from_utf8_lossy(&buf[..n]).into_owned());
-            let (kept, passed) = socket::socketpair(
-                AddressFamily::Unix,
-                SockType::SeqPacket,
-                None,
-                SockFlag::SOCK_CLOEXEC,
-            )
-            .expect("socketpair");
-            match connection {
-                0 => continue,
-                1 => {
-                    send_with_fd(
-                        &stream,
-                        b"SERVER 607 THREADS 25.0 MEM 0=4G,1=3000M\n",
-                        passed.as_raw_fd(),
-                    );
-                    channel = Some(std::os::unix::net::UnixStream::from(kept));
-                }
-                _ => send_with_fd(&stream, b"CHANNEL", passed.as_raw_fd()),
-            }
-            assert_eq!(
-                (&stream).read(&mut buf).expect("read eof"),
-                0,
-                "the client closes each control connection"
-            );
-        }
-        let answered = Instant::now();
-        let channel = channel.expect("a channel");
-        assert_eq!((&channel).read(&mut buf).expect("channel eof"), 0);
-        (said, answered.elapsed())
-    });
-
-    let pipe = dir.path().to_str().expect("utf8");
-    let mut child = Command::new(BIN)
-        .args(["mps-client", "--hold-seconds", "1"])
-        .env("CUDA_MPS_PIPE_DIRECTORY", pipe)
-        .stdout(Stdio::piped())
-        .spawn()
-        .expect("spawn");
-    let mut out = String::new();
-    child
-        .stdout
-        .take()
-        .expect("stdout")
-        .read_to_string(&mut out)
-        .expect("read");
-    let status = child.wait().expect("wait");
-    assert!(status.success(), "{out}");
-    let v: Value = serde_json::from_str(&out).expect("json");
-    assert_eq!(v["connected"], true);
-    assert_eq!(v["server_pid"], 607);
-    assert_eq!(v["threads"], "25.0");
-    assert_eq!(v["mem"], json!({"0": "4G", "1": "3000M"}));
-    assert_eq!(v["pipe_dir_used"], pipe);
-    assert_eq!(v["error"], Value::Null);
-    assert_eq!(typed::<MpsClient>(&v).server_pid, Some(607));
-
-    let (said, held) = daemon.join().expect("daemon thread");
-    let uid = nix::unistd::getuid().as_raw();
-    assert_eq!(
-        said,
-        vec![
-            String::new(),
-            format!("CLIENT {} {uid}", child.id()),
-            "CHANNEL".to_string()
-        ]
-    );
-    assert!(
-        held >= Duration::from_millis(900),
-        "held its channel only {held:?}"
-    );
 }
 
 #[test]

@@ -20,15 +20,18 @@ use nix::sys::stat::Mode;
 
 use crate::control_log::ControlLog;
 use crate::paths::Paths;
-use crate::protocol::{self, ANSWER_PREFIX, CHANNEL_HELLO, CLIENT_HELLO, DAEMON_HELLO, UI_HELLO};
+use crate::privilege::{self, ControlSocket};
+use crate::protocol;
 use crate::server::ProcessLauncher;
-use crate::state::{ClientLink, State};
+use crate::state::{ClientLink, MAX_CLIENTS_PER_SERVER, State};
 
 /// Internal flag: the re-executed binary that becomes the daemon.
 pub const DAEMON_CHILD_FLAG: &str = "--daemon-child";
 const READY: &str = "READY";
 const FAILED: &str = "ERR ";
 const READY_TIMEOUT: Duration = Duration::from_secs(30);
+/// Test-only: another client limit per server than MPS's 48, so that a test reaches it.
+pub const MAX_CLIENTS_ENV: &str = "FAKE_MPS_CONTROL_MAX_CLIENTS";
 
 /// `-d`: runs this binary again as the daemon (in its own session, stdio detached) and exits 0
 /// once it accepts commands, 1 with its one-line reason when it could not start.
@@ -196,8 +199,16 @@ impl Startup {
             exe,
             server_log: paths.server_log(),
         };
-        let state = State::new(multiuser, device_count, Box::new(launcher));
-        log.line("Daemon ready");
+        let max_clients = match std::env::var(MAX_CLIENTS_ENV) {
+            Ok(v) => v.trim().parse().map_err(|_| {
+                format!("fake-mps-control: {MAX_CLIENTS_ENV}={v:?} is not a number of clients")
+            })?,
+            Err(_) => MAX_CLIENTS_PER_SERVER,
+        };
+        let state = State::new(multiuser, device_count, Box::new(launcher)).with_max_clients(max_clients);
+        log.line(&format!(
+            "Daemon ready (at most {max_clients} clients per server)"
+        ));
         Ok(Startup {
             paths: paths.clone(),
             log,
@@ -225,9 +236,12 @@ impl Startup {
             log,
             paths,
         });
-        for (name, listener) in [("control", control), ("control_privileged", privileged)] {
+        for (socket, listener) in [
+            (ControlSocket::Control, control),
+            (ControlSocket::Privileged, privileged),
+        ] {
             let daemon = daemon.clone();
-            std::thread::spawn(move || accept_loop(daemon, listener, name));
+            std::thread::spawn(move || accept_loop(daemon, listener, socket));
         }
         loop {
             if let Ok(signal) = signals.wait() {
@@ -284,7 +298,7 @@ impl Daemon {
         }
         self.log.line(&format!("Exit ({why})"));
         if let Some(stream) = answer_to {
-            let _ = protocol::send_message(stream, &ANSWER_PREFIX.to_string());
+            let _ = protocol::send_message(stream, &protocol::u64_message(protocol::END_OF_ANSWER));
         }
         std::process::exit(0)
     }
@@ -296,15 +310,17 @@ impl ClientLink for UnixStream {
     }
 }
 
-fn accept_loop(daemon: Arc<Daemon>, listener: UnixListener, name: &'static str) {
+fn accept_loop(daemon: Arc<Daemon>, listener: UnixListener, socket: ControlSocket) {
     for conn in listener.incoming() {
         match conn {
             Ok(stream) => {
                 let daemon = daemon.clone();
-                std::thread::spawn(move || handle_connection(&daemon, stream));
+                std::thread::spawn(move || handle_connection(&daemon, stream, socket));
             }
             Err(e) => {
-                daemon.log.line(&format!("accept on {name} failed: {e}"));
+                daemon
+                    .log
+                    .line(&format!("accept on {} failed: {e}", socket.name()));
                 std::thread::sleep(Duration::from_millis(100));
             }
         }
@@ -315,97 +331,245 @@ fn accept_loop(daemon: Arc<Daemon>, listener: UnixListener, name: &'static str) 
 /// test's handshake, short enough that a stuck test does not hang the daemon for good.
 const CONNECTION_TIMEOUT: Duration = Duration::from_secs(30);
 
-fn handle_connection(daemon: &Arc<Daemon>, stream: UnixStream) {
+/// Why a connection ended without being served; each is one line in control.log.
+#[derive(Debug)]
+enum ConnectionError {
+    /// What a CUDA client's first connection (the probe) does.
+    ClosedAfterHello,
+    NotCredentials {
+        got: Vec<u8>,
+    },
+    ClosedBeforeKind,
+    MalformedKind {
+        got: Vec<u8>,
+    },
+    UnknownKind(u32),
+    NoIdentity(nix::Error),
+    /// A UI session that broke its framing.
+    MalformedUi {
+        expected: String,
+        got: Vec<u8>,
+    },
+    Io {
+        context: &'static str,
+        source: std::io::Error,
+    },
+}
+
+impl std::fmt::Display for ConnectionError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            ConnectionError::ClosedAfterHello => write!(f, "User did not send valid credentials"),
+            ConnectionError::NotCredentials { got } => write!(
+                f,
+                "User did not send valid credentials: first message {} (expected OUTBCRED)",
+                protocol::hex(got)
+            ),
+            ConnectionError::ClosedBeforeKind => {
+                write!(f, "connection closed after its credentials, before its kind")
+            }
+            ConnectionError::MalformedKind { got } => write!(
+                f,
+                "malformed connection kind {} (expected 4 bytes); closed",
+                protocol::hex(got)
+            ),
+            ConnectionError::UnknownKind(kind) => {
+                write!(f, "unknown connection kind {kind}; closed without an answer")
+            }
+            ConnectionError::NoIdentity(e) => {
+                write!(
+                    f,
+                    "User did not send valid credentials: no SO_PEERCRED either: {e}"
+                )
+            }
+            ConnectionError::MalformedUi { expected, got } => {
+                write!(f, "UI closed: expected {expected}, got {}", protocol::hex(got))
+            }
+            ConnectionError::Io { context, source } => write!(f, "connection dropped {context}: {source}"),
+        }
+    }
+}
+
+impl std::error::Error for ConnectionError {}
+
+fn io_error(context: &'static str) -> impl FnOnce(std::io::Error) -> ConnectionError {
+    move |source| ConnectionError::Io { context, source }
+}
+
+fn handle_connection(daemon: &Arc<Daemon>, stream: UnixStream, socket: ControlSocket) {
     let _one_at_a_time = daemon
         .one_connection
         .lock()
         .unwrap_or_else(|poisoned| poisoned.into_inner());
     daemon.log.line("Accepting connection...");
     let _ = stream.set_read_timeout(Some(CONNECTION_TIMEOUT));
-    if protocol::send_message(&stream, DAEMON_HELLO).is_err() {
-        return;
-    }
-    let Ok(Some((first, credentials))) = protocol::recv_with_credentials(&stream) else {
-        // A CUDA client's first connection only reads the hello.
-        daemon.log.line("User did not send valid credentials");
-        return;
-    };
-    let first = first.trim();
-    match first.split_whitespace().next() {
-        Some(UI_HELLO) => serve_ui(daemon, stream),
-        Some(CLIENT_HELLO) => serve_cuda_client(daemon, stream, first, credentials),
-        Some(CHANNEL_HELLO) => serve_second_channel(daemon, &stream),
-        _ => daemon.log.line("User did not send valid credentials"),
+    let _ = stream.set_write_timeout(Some(CONNECTION_TIMEOUT));
+    if let Err(e) = serve_connection(daemon, &stream, socket) {
+        daemon.log.line(&e.to_string());
     }
 }
 
-fn serve_ui(daemon: &Daemon, stream: UnixStream) {
-    daemon.log.line("NEW UI");
-    while let Ok(Some(command)) = protocol::recv_message(&stream) {
-        let command = command.trim();
-        daemon.log.line(&format!("Cmd:{command}"));
-        let mut state = daemon.lock_state();
-        let reply = state.execute(command);
-        daemon.log_events(&mut state);
-        if !reply.text.is_empty() {
-            daemon.log.line(&reply.text);
-        }
-        if reply.quit {
-            daemon.exit(state, "quit", Some(&stream));
-        }
-        drop(state);
-        if protocol::send_message(&stream, &format!("{ANSWER_PREFIX}{}", reply.text)).is_err() {
+fn serve_connection(
+    daemon: &Arc<Daemon>,
+    stream: &UnixStream,
+    socket: ControlSocket,
+) -> Result<(), ConnectionError> {
+    protocol::send_message(stream, protocol::HELLO).map_err(io_error("sending the hello"))?;
+    let request = read_request(stream)?;
+    match request.kind {
+        protocol::KIND_CUDA_CLIENT => serve_cuda_client(daemon, stream, request.pid, request.uid),
+        protocol::KIND_UI => serve_ui(daemon, stream, socket, request.uid),
+        other => Err(ConnectionError::UnknownKind(other)),
+    }
+}
+
+/// What the connecting side asked for, and who it is.
+struct Request {
+    kind: u32,
+    pid: i32,
+    uid: u32,
+}
+
+/// `OUTBCRED\0` then the kind, each with credentials. The pid and uid are the credentials'
+/// (what a relaying gate forwards), SO_PEERCRED's only when the messages carry none.
+fn read_request(stream: &UnixStream) -> Result<Request, ConnectionError> {
+    let Some((first, first_credentials)) =
+        protocol::recv_with_credentials(stream).map_err(io_error("waiting for the credentials"))?
+    else {
+        return Err(ConnectionError::ClosedAfterHello);
+    };
+    if first != protocol::CREDENTIALS {
+        return Err(ConnectionError::NotCredentials { got: first });
+    }
+    let Some((second, second_credentials)) =
+        protocol::recv_with_credentials(stream).map_err(io_error("waiting for the kind"))?
+    else {
+        return Err(ConnectionError::ClosedBeforeKind);
+    };
+    let kind = protocol::parse_kind(&second).ok_or(ConnectionError::MalformedKind { got: second })?;
+    let credentials = match second_credentials.or(first_credentials) {
+        Some(credentials) => credentials,
+        None => getsockopt(stream, PeerCredentials).map_err(ConnectionError::NoIdentity)?,
+    };
+    Ok(Request {
+        kind,
+        pid: credentials.pid(),
+        uid: credentials.uid(),
+    })
+}
+
+/// Kind 4: commands until the u64 0, each answered with its output (when not empty) and the
+/// u64 1.
+fn serve_ui(
+    daemon: &Daemon,
+    stream: &UnixStream,
+    socket: ControlSocket,
+    uid: u32,
+) -> Result<(), ConnectionError> {
+    daemon
+        .log
+        .line(&format!("NEW UI on {} from user {uid}", socket.name()));
+    while let Some(length) = protocol::recv_message(stream).map_err(io_error("waiting for a command"))? {
+        let length = protocol::parse_u64(&length).ok_or_else(|| ConnectionError::MalformedUi {
+            expected: "a u64 length".to_string(),
+            got: length.clone(),
+        })?;
+        if length == protocol::END_OF_SESSION {
             break;
         }
+        let message = protocol::recv_message(stream)
+            .map_err(io_error("waiting for a command after its length"))?
+            .unwrap_or_default();
+        let command = match protocol::parse_ui_command(&message) {
+            Some(command) if message.len() as u64 == length => command,
+            _ => {
+                return Err(ConnectionError::MalformedUi {
+                    expected: format!("a command of {length} bytes ending in \\n\\0"),
+                    got: message,
+                });
+            }
+        };
+        let command = command.trim();
+        daemon.log.line(&format!("Cmd:{command}"));
+        answer_command(daemon, stream, socket, uid, command)?;
     }
     daemon.log.line("UI closed");
+    Ok(())
 }
 
+fn answer_command(
+    daemon: &Daemon,
+    stream: &UnixStream,
+    socket: ControlSocket,
+    uid: u32,
+    command: &str,
+) -> Result<(), ConnectionError> {
+    let output = match privilege::refusal(&crate::command::Command::parse(command), socket, uid) {
+        Some(refusal) => {
+            daemon.log.line(&refusal);
+            refusal
+        }
+        None => {
+            let mut state = daemon.lock_state();
+            let reply = state.execute(command);
+            daemon.log_events(&mut state);
+            if !reply.text.is_empty() {
+                daemon.log.line(&reply.text);
+            }
+            if reply.quit {
+                daemon.exit(state, "quit", Some(stream));
+            }
+            // The daemon sends the text without its last newline; the CLI adds it back.
+            reply.text.strip_suffix('\n').unwrap_or(&reply.text).to_string()
+        }
+    };
+    if !output.is_empty() {
+        protocol::send_message(stream, &protocol::ui_output(&output))
+            .map_err(io_error("sending an answer"))?;
+    }
+    protocol::send_message(stream, &protocol::u64_message(protocol::END_OF_ANSWER))
+        .map_err(io_error("sending the end of an answer"))
+}
+
+/// Kind 2. The first request of a pid without a live client registers it (the server latches
+/// its limits now) and its channel carries the fake's SERVER line; a later request of the
+/// same pid only gets another descriptor. A refused client gets no answer at all.
 fn serve_cuda_client(
     daemon: &Arc<Daemon>,
-    stream: UnixStream,
-    hello: &str,
-    credentials: Option<nix::sys::socket::UnixCredentials>,
-) {
-    // The pid in the message text is the client's own view (1 in a container). The kernel's
-    // view is in the message's credentials (what a relaying gate forwards), else SO_PEERCRED;
-    // it is the one `get_client_list` and `terminate_client` use.
-    let creds = match credentials
-        .map(Ok)
-        .unwrap_or_else(|| getsockopt(&stream, PeerCredentials))
-    {
-        Ok(creds) => creds,
-        Err(e) => {
-            daemon
-                .log
-                .line(&format!("User did not send valid credentials: {e}"));
-            let _ = protocol::send_message(&stream, "ERROR no peer credentials\n");
-            return;
-        }
-    };
-    let (pid, uid) = (creds.pid(), creds.uid());
-    let (kept, passed) = match protocol::channel_pair() {
-        Ok(pair) => pair,
-        Err(e) => {
-            let _ = protocol::send_message(&stream, &format!("ERROR no channel: {e}\n"));
-            return;
-        }
-    };
+    stream: &UnixStream,
+    pid: i32,
+    uid: u32,
+) -> Result<(), ConnectionError> {
+    let (kept, passed) = protocol::channel_pair().map_err(io_error("creating a channel"))?;
     let channel = Arc::new(kept);
     let admitted = {
         let mut state = daemon.lock_state();
-        let admitted = state.admit_client(pid, uid, channel.clone());
-        daemon.log_events(&mut state);
-        admitted
+        if state.has_client(pid) {
+            None
+        } else {
+            let admitted = state.admit_client(pid, uid, channel.clone());
+            daemon.log_events(&mut state);
+            Some(admitted)
+        }
+    };
+    let Some(admitted) = admitted else {
+        daemon
+            .log
+            .line(&format!("Client {pid} from user {uid}: second descriptor"));
+        protocol::send_with_fd(stream, protocol::CHANNEL_PASSED, passed.as_raw_fd())
+            .map_err(io_error("passing a second descriptor"))?;
+        drop(passed);
+        return await_client_close(daemon, stream, pid);
     };
     let admission = match admitted {
         Ok(admission) => admission,
         Err(why) => {
+            // Closed after the request with no answer: what a real daemon that cannot take
+            // the client does (the CUDA client then fails cleanly).
             daemon
                 .log
                 .line(&format!("NEW CLIENT {pid} from user {uid}: refused: {why}"));
-            let _ = protocol::send_message(&stream, &format!("ERROR {why}\n"));
-            return;
+            return Ok(());
         }
     };
     let how = if admission.new_server {
@@ -413,35 +577,43 @@ fn serve_cuda_client(
     } else {
         "Server already exists"
     };
-    daemon.log.line(&format!(
-        "NEW CLIENT {pid} from user {uid} (it sent {hello:?}): {how}"
-    ));
+    daemon
+        .log
+        .line(&format!("NEW CLIENT {pid} from user {uid}: {how}"));
     daemon.log.line(&admission.line);
-    let sent = protocol::send_with_fd(&stream, &format!("{}\n", admission.line), passed.as_raw_fd());
+    // The line is queued on the client's end before the client gets that end.
+    let sent = protocol::send_message(&channel, format!("{}\n", admission.line).as_bytes())
+        .and_then(|()| protocol::send_with_fd(stream, protocol::CHANNEL_PASSED, passed.as_raw_fd()));
     drop(passed);
-    if sent.is_ok() {
-        // The client is on the server for as long as it holds its channel.
-        let (watcher, id) = (daemon.clone(), admission.client_id);
-        std::thread::spawn(move || {
-            while let Ok(Some(_)) = protocol::recv_message(&channel) {}
-            watcher.forget_client(id);
-        });
-        // The client closes this control connection once it has its channel.
-        while let Ok(Some(_)) = protocol::recv_message(&stream) {}
-    } else {
+    if let Err(source) = sent {
         daemon.forget_client(admission.client_id);
+        return Err(ConnectionError::Io {
+            context: "passing the channel",
+            source,
+        });
     }
+    // The client is on the server for as long as it holds its channel.
+    let (watcher, id) = (daemon.clone(), admission.client_id);
+    std::thread::spawn(move || {
+        while let Ok(Some(_)) = protocol::recv_message(&channel) {}
+        watcher.forget_client(id);
+    });
+    await_client_close(daemon, stream, pid)
 }
 
-/// A client's third connection: one more descriptor, nothing else changes.
-fn serve_second_channel(daemon: &Daemon, stream: &UnixStream) {
-    match protocol::channel_pair() {
-        Ok((_kept, passed)) => {
-            let _ = protocol::send_with_fd(stream, CHANNEL_HELLO, passed.as_raw_fd());
+/// After its descriptor a CUDA client sends 4 zero bytes and closes.
+fn await_client_close(daemon: &Daemon, stream: &UnixStream, pid: i32) -> Result<(), ConnectionError> {
+    while let Some(message) =
+        protocol::recv_message(stream).map_err(io_error("waiting for the client to close"))?
+    {
+        if message != protocol::CLIENT_ACK {
+            daemon.log.line(&format!(
+                "Client {pid}: unexpected message {} after its descriptor",
+                protocol::hex(&message)
+            ));
         }
-        Err(e) => daemon.log.line(&format!("no second channel: {e}")),
     }
-    while let Ok(Some(_)) = protocol::recv_message(stream) {}
+    Ok(())
 }
 
 fn lock_pipe_dir(paths: &Paths) -> Result<Flock<File>, String> {

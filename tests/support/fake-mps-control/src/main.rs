@@ -8,6 +8,7 @@ mod control_log;
 mod daemon;
 mod limits;
 mod paths;
+mod privilege;
 mod protocol;
 mod server;
 mod state;
@@ -31,6 +32,8 @@ Environment:
                            control_lock, log, nvidia-cuda-mps-control.pid
   CUDA_MPS_LOG_DIRECTORY   log dir (default /var/log/nvidia-mps): control.log, server.log
   CUDA_VISIBLE_DEVICES     read by the daemon; the number of entries is the number of devices
+  FAKE_MPS_CONTROL_MAX_CLIENTS
+                           read by the daemon, test only: clients per server (default 48, MPS's)
 
 Commands:
   get_server_list, get_client_list <srv>, get_device_client_list [srv],
@@ -40,9 +43,14 @@ Commands:
   get_device_pinned_mem_limit <srv> <dev>, set_device_pinned_mem_limit <srv> <dev> <N>M|<N>G,
   start_server -uid <uid>, shutdown_server <srv> [-f], terminate_client <srv> <pid>, quit
 
-Fake CUDA clients (gpu-mps-checker mps-client) connect to <pipe dir>/control, send
-`CLIENT <pid> <uid>` and get `SERVER <pid> THREADS <p> MEM <dev>=<v>[,...]`; the fake servers
-are child processes (`fake-mps-control --fake-server --uid <uid>`) that do nothing.
+The client uses <pipe dir>/control_privileged when it can connect to it, else <pipe dir>/control,
+where commands that change anything are refused as the real daemon refuses them.
+
+On the sockets the fake frames its messages as the real daemon does (measured on the H200):
+hello, credentials, kind 2 (CUDA client) or 4 (UI session). Fake CUDA clients
+(gpu-mps-checker mps-client) get their channel to the server as a passed descriptor, and on it
+the fake's own line `SERVER <pid> THREADS <p> MEM <dev>=<v>[,...]`; the fake servers are child
+processes (`fake-mps-control --fake-server --uid <uid>`) that do nothing.
 ";
 
 fn main() -> ExitCode {

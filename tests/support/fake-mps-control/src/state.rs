@@ -22,13 +22,17 @@ pub trait ServerLauncher: Send {
     fn launch(&mut self, uid: u32) -> std::io::Result<Box<dyn ServerProcess>>;
 }
 
-/// The daemon's end of a CUDA client's control connection.
+/// The daemon's end of a CUDA client's channel to its server.
 pub trait ClientLink: Send + Sync {
     /// Closes the connection, so the client sees its server go away.
     fn disconnect(&self);
 }
 
 pub type ClientId = u64;
+
+/// Clients one server takes: the limit MPS documents for Volta and later, per device. The fake
+/// counts it per server.
+pub const MAX_CLIENTS_PER_SERVER: usize = 48;
 
 struct Client {
     id: ClientId,
@@ -95,6 +99,7 @@ pub struct Admission {
 pub struct State {
     multiuser: bool,
     device_count: usize,
+    max_clients: usize,
     default_threads: f64,
     default_mem: BTreeMap<String, u64>,
     servers: Vec<Server>,
@@ -110,6 +115,7 @@ impl State {
         State {
             multiuser,
             device_count: device_count.max(1),
+            max_clients: MAX_CLIENTS_PER_SERVER,
             default_threads: 100.0,
             default_mem: BTreeMap::new(),
             servers: Vec::new(),
@@ -117,6 +123,12 @@ impl State {
             next_client: 1,
             events: Vec::new(),
         }
+    }
+
+    /// Another cap on the clients of one server (tests reach it without 48 clients).
+    pub fn with_max_clients(mut self, max_clients: usize) -> State {
+        self.max_clients = max_clients;
+        self
     }
 
     /// Things that happened besides the answers (servers started or stopped), for the log.
@@ -250,6 +262,14 @@ impl State {
     ) -> Result<Admission, String> {
         self.reap();
         let (index, new_server) = self.ensure_server(uid)?;
+        let server = &self.servers[index];
+        if server.clients.len() >= self.max_clients {
+            return Err(format!(
+                "server {} already has {} clients, its limit",
+                server.pid,
+                server.clients.len()
+            ));
+        }
         let client_id = self.next_client;
         self.next_client += 1;
         let device_count = self.device_count;
@@ -280,7 +300,16 @@ impl State {
         })
     }
 
-    /// The client's connection closed. Returns its pid when it was still listed.
+    /// Whether a client of this pid is on a server: a CUDA client's second kind-2 connection
+    /// then only gets another descriptor.
+    pub fn has_client(&mut self, pid: i32) -> bool {
+        self.reap();
+        self.servers
+            .iter()
+            .any(|s| s.clients.iter().any(|c| c.pid == pid))
+    }
+
+    /// The client's channel closed. Returns its pid when it was still listed.
     pub fn remove_client(&mut self, id: ClientId) -> Option<i32> {
         let mut pid = None;
         for server in &mut self.servers {
@@ -611,6 +640,43 @@ mod tests {
         record.dead.lock().expect("lock").push(607);
         assert_eq!(run(&mut s, "get_server_list"), "");
         assert!(link.0.load(Ordering::SeqCst));
+    }
+
+    #[test]
+    fn a_full_server_refuses_clients_and_takes_them_again_when_one_leaves() {
+        let (s, _) = state(true, 1);
+        let mut s = s.with_max_clients(2);
+        let a = s
+            .admit_client(1, 0, Arc::new(FakeLink::default()))
+            .expect("admit");
+        s.admit_client(2, 0, Arc::new(FakeLink::default()))
+            .expect("admit");
+        let refused = s
+            .admit_client(3, 0, Arc::new(FakeLink::default()))
+            .expect_err("full");
+        assert_eq!(refused, "server 607 already has 2 clients, its limit");
+        assert!(!s.has_client(3));
+        s.remove_client(a.client_id);
+        let c = s
+            .admit_client(3, 0, Arc::new(FakeLink::default()))
+            .expect("admit");
+        assert_eq!(c.server_pid, 607);
+    }
+
+    #[test]
+    fn has_client_follows_the_clients_of_live_servers() {
+        let (mut s, record) = state(true, 1);
+        assert!(!s.has_client(604));
+        let a = s
+            .admit_client(604, 0, Arc::new(FakeLink::default()))
+            .expect("admit");
+        assert!(s.has_client(604));
+        s.remove_client(a.client_id);
+        assert!(!s.has_client(604));
+        s.admit_client(604, 0, Arc::new(FakeLink::default()))
+            .expect("admit");
+        record.dead.lock().expect("lock").push(607);
+        assert!(!s.has_client(604), "its server died");
     }
 
     #[test]
