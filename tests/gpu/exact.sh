@@ -12,7 +12,8 @@
 # X4 the manager restarts with clients running: running kernels, a process started while it is
 #    down, and processes and pods started after
 # X5 exact, uniform and ceiling on one mixed workload (10/20/30/40 %)
-# X6 48 containers with 48 different memory limits at once
+# X6 48 containers with 48 different memory limits at once, each held to its own class within a
+#    chunk
 # X7 limits under stress: CUDA graphs with allocation nodes under and over a container's limit
 # EXACT_PARTS="X1 X6" runs only those parts (default: all).
 # Never changes compute mode, clocks, MIG or persistence; quits every MPS daemon it started.
@@ -113,14 +114,21 @@ exec_check() { # exec_check <task> <tag>: a new CUDA process in a running contai
 }
 before=$(exec_check hold before)
 stop_manager
-down=$(exec_check hold down)
+# A process that connects while no manager runs: the gate keeper holds its gate's socket, so it
+# waits in the backlog for the next manager instead of finding nobody there.
+exec_check hold down >"$D/x4-down.json" &
+DOWN=$!
+sleep 3
 GPU_MPS_LOG=$GPU_MPS_LOG start_manager exact3 || exit 1
+wait $DOWN
+down=$(cat "$D/x4-down.json")
 after=$(exec_check hold after)
 run_ctr newpod gpu-mps 2Gi 10 -- "$CHECK" --alloc-mib 1348 --alloc-mib 2648 --tag newpod
 wait $KEEP $HOLD
 f() { echo "sms=$(jget "$1" "d.get('sms')"),ok=$(jget "$1" "d.get('ok')"),allocs=$(jget "$1" "[a['ok'] for a in d.get('allocs',[])]")"; }
 keep=$(last_json "$D/keep.out")
-row X4.down INFO "a new process in a 4Gi/25 % pod while the manager is down (gate socket without a listener)" "$(f "$down")"
+check X4.down "a new process in a 4Gi/25 % pod started while the manager is down waits and gets its own limits" "$(f "$down") init_s=$(jget "$down" "d.get('init_s')")" \
+    '[ "$(jget "$down" "d[\"sms\"]")" -le 33 ] && [ "$(jget "$down" "d[\"allocs\"][0][\"ok\"]")" = True ] && [ "$(jget "$down" "d[\"allocs\"][1][\"ok\"]")" = False ]'
 check X4.restart "running kernels untouched; before and after the restart a new process gets 4Gi/25 %; a new pod its 2Gi/10 %" \
     "before: $(f "$before") after: $(f "$after") newpod: $(held newpod 2048 10) running busy kernel: ok=$(jget "$keep" "d['ok']") kernels=$(jget "$keep" "d['kernels']") error=$(jget "$keep" "d['error']")" \
     '[ "$(jget "$before" "d[\"sms\"]")" -le 33 ] && [ "$(jget "$after" "d[\"sms\"]")" -le 33 ] && [ "$(jget "$after" "d[\"allocs\"][1][\"ok\"]")" = False ] && held newpod 2048 10 >/dev/null && [ "$(jget "$keep" "d[\"ok\"]")" = True ]'
@@ -150,16 +158,19 @@ wait_no_daemon
 t0=$(date +%s.%N)
 pids=()
 for i in $(seq 48); do
-    run_ctr "s$i" gpu-mps "$((1000 + 20 * i))Mi" 2 -- "$BENCH" fill --mib 3072 --chunk-mib 64 --seconds 4 --tag "s$i" &
+    run_ctr "s$i" gpu-mps "$((1000 + 20 * i))Mi" 2 -- "$BENCH" fill --mib 3072 --chunk-mib 16 --seconds 4 --tag "s$i" &
     pids+=($!)
 done
 wait "${pids[@]}"
 wall=$(python3 -c "import time; print(f'{time.time() - $t0:.1f}')")
-read -r ok over worst <<<"$(python3 - "$D" <<'EOF'
+# Its own class, not a neighbour's (classes are 20 MiB apart): the limit less the CUDA context is
+# what the container has free at start (the context takes the same in each, so it spreads by
+# less than a chunk), and the fill takes all of that within one 16 MiB chunk.
+read -r ok over off ctx_min ctx_max <<<"$(python3 - "$D" <<'EOF'
 import json, sys
 d = sys.argv[1]
-ok = over = 0
-worst = 0
+ok = over = off = 0
+ctx = []
 for i in range(1, 49):
     try:
         r = json.loads([l for l in open(f"{d}/s{i}.out") if l.startswith("{")][-1])
@@ -168,15 +179,19 @@ for i in range(1, 49):
     limit = 1000 + 20 * i
     if r.get("ok") and r.get("kernels", 0) > 0:
         ok += 1
-    if r.get("got_mib", 0) >= limit:
+    got, free = r.get("got_mib", 0), r.get("free_mib_before", 0)
+    if got >= limit or free > limit:
         over += 1
-    worst = max(worst, r.get("got_mib", 0) - limit)
-print(ok, over, worst)
+    if not (free - 16 < got <= free):
+        off += 1
+    ctx.append(limit - free)
+print(ok, over, off, min(ctx, default=-1), max(ctx, default=-1))
 EOF
 )"
-check X6.scale "48 classes at once: all ran, none got past its own limit (1020..1960 MiB)" \
-    "ok=$ok of 48, over their limit=$over, max(got - limit)=${worst} MiB, wall ${wall}s" '[ "$ok" = 48 ] && [ "$over" = 0 ]'
-GATE=$(grep -o 'gate: control connection done.*' "$D/manager-scale.log" | grep -o 'waited_ms=[0-9]*' | cut -d= -f2 |
+check X6.scale "48 classes at once: all ran, each got its own limit (1020..1960 MiB) within a chunk, none past it" \
+    "ok=$ok of 48, over their limit=$over, fill off its own free memory by a chunk or more=$off, limit - free at start=${ctx_min}..${ctx_max} MiB (the CUDA context), wall ${wall}s" \
+    '[ "$ok" = 48 ] && [ "$over" = 0 ] && [ "$off" = 0 ] && [ $((ctx_max - ctx_min)) -lt 16 ] && [ "$ctx_min" -ge 0 ]'
+GATE=$(grep -o 'gate: client admitted.*' "$D/manager-scale.log" | grep -o 'waited_ms=[0-9]*' | cut -d= -f2 |
     python3 -c 'import sys; x=sorted(int(l) for l in sys.stdin) or [0]; print(f"connections={len(x)} wait p50={x[len(x)//2]} ms p99={x[min(len(x)-1,len(x)*99//100)]} ms max={x[-1]} ms")')
 SETS=$(grep -c 'server limits set and read back' "$D/manager-scale.log")
 row X6.gate INFO "gate lock under the 48-class burst (manager log)" "$GATE; limit changes=$SETS"

@@ -28,6 +28,8 @@ cleanup() {
     for id in $(ctr_ containers ls -q 2>/dev/null); do ctr_ task delete -f "$id" >/dev/null 2>&1; ctr_ containers rm "$id" >/dev/null 2>&1; done
     stop_manager
     quit_mps_daemons /run/gpu-mps-test nvidia-cuda-mps-control
+    # The gate keeper outlives managers by design (it holds the gates' sockets across restarts).
+    pkill -f 'gpu-mps-manager --gate-keeper' 2>/dev/null
     [ -n "${CTD_PID:-}" ] && kill "$CTD_PID" 2>/dev/null && wait "$CTD_PID" 2>/dev/null
     cp /run/gpu-mps-test/daemons/*/log/*.log "$D/" 2>/dev/null
     pgrep -a nvidia-cuda-mps || log "no MPS process left"
@@ -62,6 +64,7 @@ CUDA_LIB=$(readlink -f "$(dirname "$(command -v nvcc)")/../lib64")
 nvcc -O2 -o "$W/rootfs-base/check/mps-bench" tests/gpu/mps-bench.cu -lcublas -Xlinker -rpath="$CUDA_LIB" ||
     log "mps-bench did not build (only tests/gpu/proof.sh needs it)"
 cp "$W/bin/gpu-mps-checker" "$W/rootfs-base/check/checker"
+cp tests/gpu/hostile-client.py tests/gpu/torch-procs.py "$W/rootfs-base/check/"
 SMS_TOTAL=$(jget "$("$W/rootfs-base/check/mps-check" --tag host)" "d['sms']")
 log "GPU has $SMS_TOTAL SMs (direct context on the host, before any daemon)"
 mkdir -p "$W/rootfs-base"/{proc,sys,dev,tmp,usr,lib,lib64,bin,etc,sbin}
@@ -129,6 +132,7 @@ DEVS=$(nvidia_device_flags)
 MNTS=$(host_userland_flags "$W/rootfs-base")
 N=0
 # run_ctr <name> <runtime: gpu-mps|runc> <mem|-> <threads|-> -- <command...>; output in $OUT/<name>.out
+# CTR_ANNOTATIONS="k=v ..." adds annotations, CTR_MOUNTS="<host dir> ..." read-only bind mounts.
 run_ctr() {
     local name=$1 rt=$2 mem=$3 thr=$4; shift 5
     N=$((N + 1))
@@ -140,6 +144,12 @@ run_ctr() {
         [ "$mem" != - ] && extra+=(--annotation "gpu-mps.io/memory-limit=$mem")
         [ "$thr" != - ] && extra+=(--annotation "gpu-mps.io/active-thread-percentage=$thr")
     fi
+    local a
+    for a in ${CTR_ANNOTATIONS:-}; do extra+=(--annotation "$a"); done
+    for a in ${CTR_MOUNTS:-}; do
+        mkdir -p "$rootfs$a"
+        extra+=(--mount "type=bind,src=$a,dst=$a,options=rbind:ro")
+    done
     # shellcheck disable=SC2086
     timeout 120 ctr --address "$W/containerd.sock" run --rm --rootfs $DEVS $MNTS "${extra[@]}" "$rootfs" "$name-$N" "$@" \
         >"$D/$name.out" 2>"$D/$name.err"

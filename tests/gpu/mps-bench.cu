@@ -145,6 +145,9 @@ int main(int argc, char **argv) {
         long got = 0;
         std::vector<void *> ptrs;
         cudaError_t first_fail = cudaSuccess;
+        // The context exists (main made it): what the limit leaves after it is what a fill can take.
+        size_t free_before = 0, total_before = 0;
+        cudaMemGetInfo(&free_before, &total_before);
         while (got + chunk <= mib) {
             void *p;
             cudaError_t e = cudaMalloc(&p, (size_t)chunk << 20);
@@ -167,10 +170,10 @@ int main(int argc, char **argv) {
             if (ke != cudaSuccess) break;
             launches++;
         }
-        printf("{\"tag\":\"%s\",\"ok\":%s,\"sms\":%d,\"asked_mib\":%ld,\"got_mib\":%ld,\"free_mib_after\":%zu,"
-               "\"first_failure\":\"%s\",\"kernels\":%ld,\"kernel_error\":\"%s\"}\n",
-               tag, ke == cudaSuccess ? "true" : "false", sms, mib, got, free_b >> 20, cudaGetErrorString(first_fail),
-               launches, cudaGetErrorString(ke));
+        printf("{\"tag\":\"%s\",\"ok\":%s,\"sms\":%d,\"asked_mib\":%ld,\"got_mib\":%ld,\"free_mib_before\":%zu,"
+               "\"free_mib_after\":%zu,\"first_failure\":\"%s\",\"kernels\":%ld,\"kernel_error\":\"%s\"}\n",
+               tag, ke == cudaSuccess ? "true" : "false", sms, mib, got,
+               free_before >> 20, free_b >> 20, cudaGetErrorString(first_fail), launches, cudaGetErrorString(ke));
         return 0;
     }
     if (mode == "fault" || mode == "busy") {
