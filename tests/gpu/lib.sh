@@ -93,7 +93,7 @@ status_json() { GPU_MPS_CONFIG=$CFG gpu-mps status --json; }
 
 wait_no_daemon() { # the MPS daemon gone (idle stop), so time-slicing runs without MPS
     for _ in $(seq 40); do
-        [ "$(jget "$(status_json)" "len(d['daemons'])")" = 0 ] && ! pgrep -x nvidia-cuda-mps-server >/dev/null && return 0
+        [ "$(jget "$(status_json)" "len(d['daemons'])")" = 0 ] && ! pgrep -f nvidia-cuda-mps-server >/dev/null && return 0
         sleep 0.25
     done
     log "warning: an MPS daemon is still running"
