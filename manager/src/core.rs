@@ -210,12 +210,14 @@ impl ManagerCore {
         if let Some(store) = &options.listener_store {
             gates = gates.with_listener_store(store.clone());
         }
+        let running = running_clients_by_container(control.as_ref(), &state).await;
         reopen_gates(
             &config,
             &state,
             &gates,
             options.inherited_gates,
             options.listener_store.as_deref(),
+            running,
         );
         let server_logs = state
             .daemons
@@ -808,6 +810,7 @@ fn gate_target(config: &NodeConfig, id: &ContainerId, lease: &LeaseRecord) -> Ga
         limits: lease.limits,
         cuda_processes: lease.cuda_processes,
         sets_limits: config.policy == LimitPolicy::Exact,
+        running: Vec::new(),
         owner: lease.owner(),
     }
 }
@@ -822,6 +825,7 @@ fn reopen_gates(
     gates: &Gates,
     mut inherited: HashMap<String, OwnedFd>,
     store: Option<&dyn ListenerStore>,
+    mut running: HashMap<String, Vec<ProcessIdentity>>,
 ) {
     let kept: std::collections::HashSet<String> = state
         .leases
@@ -834,7 +838,8 @@ fn reopen_gates(
         let Ok(id) = ContainerId::parse(&lease.container_id) else {
             continue;
         };
-        let target = gate_target(config, &id, lease);
+        let mut target = gate_target(config, &id, lease);
+        target.running = running.remove(&lease.container_id).unwrap_or_default();
         if !target.gate_dir.is_dir() {
             // Started by a gpu-mps before gates under every policy (docs/adr/0006): it reaches
             // the daemon's pipe dir directly until it is restarted.
@@ -854,6 +859,57 @@ fn reopen_gates(
             }
         }
     }
+}
+
+/// After a restart: which container each CUDA process on the servers belongs to, by container
+/// id. A gate counts a container's processes as they connect; a new manager would otherwise
+/// forget the ones already running and let the container start more than it may. MPS lists
+/// its clients by host pid; a process is the container's when it is in its init's cgroup.
+async fn running_clients_by_container(
+    control: &dyn MpsControl,
+    state: &State,
+) -> HashMap<String, Vec<ProcessIdentity>> {
+    let mut found: HashMap<String, Vec<ProcessIdentity>> = HashMap::new();
+    for daemon in state.daemons.values() {
+        let leases: Vec<(&LeaseRecord, String)> = state
+            .leases_of(&daemon.key)
+            .filter_map(|l| {
+                let init = l.process?;
+                Some((l, crate::process_identity::cgroup_of(init.pid)?))
+            })
+            .collect();
+        if leases.is_empty() {
+            continue;
+        }
+        let servers = mps_control::server_pids(control, &daemon.pipe_dir)
+            .await
+            .unwrap_or_default();
+        for server in servers {
+            let clients = mps_control::client_pids(control, &daemon.pipe_dir, server)
+                .await
+                .unwrap_or_default();
+            for pid in clients {
+                let (Some(identity), Some(cgroup)) =
+                    (ProcessIdentity::of(pid), crate::process_identity::cgroup_of(pid))
+                else {
+                    continue;
+                };
+                match leases.iter().find(|(_, c)| *c == cgroup) {
+                    Some((lease, _)) => found
+                        .entry(lease.container_id.clone())
+                        .or_default()
+                        .push(identity),
+                    None => {
+                        warn!(daemon = %daemon.key, client_pid = pid, "an MPS client of no gated container (a process outside gpu-mps, or started before gates)")
+                    }
+                }
+            }
+        }
+    }
+    for (container, processes) in &found {
+        info!(container = %container, pids = ?processes.iter().map(|p| p.pid).collect::<Vec<_>>(), "CUDA processes found on the server count against the container's cuda-processes");
+    }
+    found
 }
 
 /// After a manager restart: keep daemons whose control process still runs (same pid, same

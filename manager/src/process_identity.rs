@@ -52,6 +52,12 @@ impl ProcessIdentity {
     }
 }
 
+/// The cgroup a process is in (`/proc/<pid>/cgroup`): a container's processes share their
+/// init's, whatever their pid namespace. `None` if it is gone.
+pub fn cgroup_of(pid: u32) -> Option<String> {
+    std::fs::read_to_string(format!("/proc/{pid}/cgroup")).ok()
+}
+
 /// True if a process with this pid runs (and is not a zombie).
 pub fn is_running(pid: u32) -> bool {
     ProcessIdentity::of(pid).is_some_and(|p| p.is_alive())

@@ -242,6 +242,7 @@ impl Node {
                     },
                     cuda_processes: processes,
                     sets_limits: true,
+                    running: Vec::new(),
                     owner: id.into(),
                 },
                 None,

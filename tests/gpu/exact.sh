@@ -104,7 +104,8 @@ if want X4; then
 log "X4: the manager restarts while gated clients run"
 run_ctr keep gpu-mps 8Gi 50 -- "$BENCH" busy --seconds 25 --tag keep &
 KEEP=$!
-run_ctr hold gpu-mps 4Gi 25 -- "$CHECK" --hold-seconds 25 --tag hold &
+# Two CUDA processes of 4Gi each: the holder and one exec'd process at a time.
+CTR_ANNOTATIONS="gpu-mps.io/cuda-processes=2" run_ctr hold gpu-mps 8Gi 25 -- "$CHECK" --hold-seconds 25 --tag hold &
 HOLD=$!
 sleep 4
 task_of() { ctr_ task ls | awk -v p="^$1-" '$1 ~ p {print $1}'; }

@@ -96,6 +96,9 @@ pub struct GateTarget {
     pub cuda_processes: u32,
     /// Policy `exact`: the gate sets the server's limits to each process's share.
     pub sets_limits: bool,
+    /// The container's processes already on the server when the gate opens (a restarted
+    /// manager finds them among the server's clients): they count against `cuda_processes`.
+    pub running: Vec<ProcessIdentity>,
     /// namespace/pod or the container id, for logs.
     pub owner: String,
 }
@@ -198,14 +201,18 @@ impl Gates {
         listener.set_nonblocking(true).map_err(open_err)?;
         let listener = seqpacket::watch(listener).map_err(open_err)?;
         let admission = self.admission_of(&target);
+        let mut budget = ProcessBudget::new(target.cuda_processes);
+        for process in &target.running {
+            budget.seed(*process);
+        }
         let state = Arc::new(GateState {
-            budget: StdMutex::new(ProcessBudget::new(target.cuda_processes)),
+            budget: StdMutex::new(budget),
             refusals: AtomicU32::new(0),
             last_refusal: StdMutex::new(String::new()),
             connections: AtomicU32::new(0),
             waiting_logged: AtomicBool::new(false),
         });
-        info!(container = %target.container, owner = %target.owner, daemon = %target.daemon, limits = %target.limits, cuda_processes = target.cuda_processes, class = ?target.class(), gate = %target.gate_dir.display(), socket = how, "gate open");
+        info!(container = %target.container, owner = %target.owner, daemon = %target.daemon, limits = %target.limits, cuda_processes = target.cuda_processes, running = ?target.running.iter().map(|p| p.pid).collect::<Vec<_>>(), class = ?target.class(), gate = %target.gate_dir.display(), socket = how, "gate open");
         let serving = Serving {
             target: Arc::new(target),
             admission,
@@ -393,7 +400,11 @@ impl Drop for Slot {
     }
 }
 
-async fn serve_gate(listener: AsyncFd<UnixListener>, serving: Serving, mut stop: tokio::sync::watch::Receiver<bool>) {
+async fn serve_gate(
+    listener: AsyncFd<UnixListener>,
+    serving: Serving,
+    mut stop: tokio::sync::watch::Receiver<bool>,
+) {
     // Dropping this task (gate closed) drops the set, which aborts the connections in flight.
     let mut connections = tokio::task::JoinSet::new();
     loop {

@@ -85,6 +85,18 @@ impl ProcessBudget {
         }
     }
 
+    /// A process that was on the server before this gate opened (a restarted manager found it
+    /// among the server's clients): it counts, as if it had got its two channels here.
+    pub fn seed(&mut self, who: ProcessIdentity) {
+        if !self.counted.iter().any(|c| c.who == who) {
+            self.counted.push(Counted {
+                who,
+                confirmed: true,
+                channels: 2,
+            });
+        }
+    }
+
     /// A reservation that did not lead to a channel (the client left, the daemon refused).
     pub fn release(&mut self, who: ProcessIdentity) {
         self.counted.retain(|c| c.who != who || c.confirmed);
@@ -149,6 +161,17 @@ mod tests {
                 channels: MAX_CHANNELS_PER_PROCESS
             }
         );
+    }
+
+    #[test]
+    fn processes_found_on_the_server_count_after_a_restart() {
+        let mut b = ProcessBudget::new(1);
+        let all = |_: &ProcessIdentity| true;
+        b.seed(p(1));
+        b.seed(p(1));
+        assert!(matches!(b.decide(p(2), all), Decision::OverBudget { .. }));
+        assert_eq!(b.decide(p(1), all), Decision::Known);
+        assert_eq!(b.admitted(all), vec![1]);
     }
 
     #[test]

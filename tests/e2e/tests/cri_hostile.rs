@@ -37,6 +37,7 @@ per_suite!(
     the_running_managers_config_is_the_one_that_counts,
     one_manager_per_root,
     a_process_that_connects_while_the_manager_is_down_gets_its_limits,
+    a_restarted_manager_still_counts_the_running_processes,
 );
 
 const WAIT: Duration = Duration::from_secs(20);
@@ -435,6 +436,37 @@ async fn one_manager_per_root(suite: Suite) -> Result<()> {
         .unwrap_or("");
     println!("second manager refused: {line}");
     Ok(())
+}
+
+/// A pod of one CUDA process holds its channel while the manager restarts (SIGTERM, then
+/// SIGKILL): the new manager finds the process among the server's clients and still refuses a
+/// second one.
+async fn a_restarted_manager_still_counts_the_running_processes(suite: Suite) -> Result<()> {
+    let mut node = GpuNode::start(&suite, LimitsConfig::exact()).await?;
+    let mut cri = node.cri().await?;
+    let gpu = node.gpu_uuid(0).to_string();
+    let pod = cri
+        .run_pod_sandbox(&gpu_pod("single", "default").gpu_limits("4Gi", 25))
+        .await?;
+    let (c, _) = admitted(&mut cri, &pod, &client("infer", &gpu)).await?;
+    for how in ["SIGTERM", "SIGKILL"] {
+        if how == "SIGTERM" {
+            node.manager.restart().await?;
+        } else {
+            node.manager.kill();
+            node.manager.start_again().await?;
+        }
+        let second: MpsClient = exec(&mut cri, &c, &["mps-client"]).await?;
+        ensure!(
+            second.refused && !second.admitted,
+            "after a {how} restart a second process of a 1-process pod got: {second}"
+        );
+        let status = node.manager.status().await?;
+        let lease = status.lease(&c.id).context("no lease")?;
+        ensure!(lease.admitted_pids.len() == 1, "after a {how} restart: {lease:?}");
+    }
+    println!("after SIGTERM and SIGKILL restarts the running process still counts: a second one is refused");
+    cleanup(&mut cri, &[(&pod, &c)]).await
 }
 
 /// The manager is killed (SIGKILL) while a pod runs; a new CUDA process in the pod connects
