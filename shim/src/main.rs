@@ -19,9 +19,10 @@ gpu-mps-shim: an OCI runtime in front of runc that puts GPU containers on NVIDIA
 pods share a GPU with memory and SM limits they cannot escape.
 
 containerd runs it exactly like runc. On `create` it reads <bundle>/config.json; for a container
-that got a GPU (NVIDIA_VISIBLE_DEVICES or a CDI nvidia.com/gpu annotation) it adds the MPS pipe
-dir mount, CUDA_MPS_* env, masked nvidia-smi and the gpu-mps-hook hooks, then runs the real runc
-with the same arguments. Other containers and every other subcommand go to runc untouched.
+that got a GPU (a /dev/nvidiaN device, a CDI nvidia.com/gpu annotation, the toolkit's volume-mounts
+list, or NVIDIA_VISIBLE_DEVICES) it mounts the container's gate dir at /tmp/nvidia-mps and adds
+CUDA_MPS_* env, masked nvidia-smi and the gpu-mps-hook hooks, then runs the real runc with the same
+arguments. Other containers and every other subcommand go to runc untouched.
 
 Register it as a runtime handler of containerd's runc shim, e.g. (config version 2):
   [plugins.\"io.containerd.grpc.v1.cri\".containerd.runtimes.gpu-mps]
@@ -33,9 +34,11 @@ Register it as a runtime handler of containerd's runc shim, e.g. (config version
 (config version 3: plugins.\"io.containerd.cri.v1.runtime\".containerd.runtimes.gpu-mps), and run
 pods with runtimeClassName: gpu-mps. With ctr: ctr run --runc-binary /usr/local/bin/gpu-mps-shim ...
 
-Limits: pod annotations gpu-mps.io/memory-limit (e.g. 4Gi) and gpu-mps.io/active-thread-percentage
-(1-100), <container-name>.gpu-mps.io/... for one container, else the node default.
-Node config: /etc/gpu-mps/config.toml (or $GPU_MPS_CONFIG); runc_path there names the real runc.
+Limits: pod annotations gpu-mps.io/memory-limit (e.g. 4Gi, the total of the container's CUDA
+processes), gpu-mps.io/active-thread-percentage (1-100) and gpu-mps.io/cuda-processes (1-48),
+<container-name>.gpu-mps.io/... for one container, else the node default.
+Node config: the one gpu-mps-manager published (<root>/node-config.json), else /etc/gpu-mps/config.toml
+(or $GPU_MPS_CONFIG); runc_path there names the real runc.
 Debug: GPU_MPS_SHIM_DEBUG=1 or runc's --debug logs what the shim does to stderr.
 ";
 
