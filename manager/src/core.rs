@@ -380,8 +380,12 @@ impl ManagerCore {
             .get(&dir)
             .is_some_and(|d| d.control.is_alive());
         if !alive {
+            // A GPU's fault count outlives the daemon process: a stuck server is replaced, and
+            // `gpu-mps status` must still show that it happened.
+            let mut history = (0, None);
             if let Some(dead) = inner.state.daemons.remove(&dir) {
                 warn!(daemon = %key, pid = dead.control.pid, "MPS control daemon is gone; starting a new one");
+                history = (dead.faults, dead.last_fault_unix);
             }
             make_dir(&self.config.daemon_dir(key), 0o755)?;
             make_dir(&pipe_dir, 0o755)?;
@@ -416,8 +420,8 @@ impl ManagerCore {
                     // Idle until a lease is recorded: a failed limit setting leaves it to the
                     // idle stop instead of leaking it.
                     idle_since_unix: Some(now_unix()),
-                    faults: 0,
-                    last_fault_unix: None,
+                    faults: history.0,
+                    last_fault_unix: history.1,
                 },
             );
 
@@ -562,6 +566,10 @@ impl ManagerCore {
             self.reassert_exclusive_process(&mut inner);
         }
         let mut changed = false;
+        for report in self.gates.take_wedge_reports() {
+            self.recover_stuck_server(&mut inner, &report, now);
+            changed = true;
+        }
         let dead: Vec<LeaseRecord> = inner
             .state
             .leases
@@ -632,6 +640,53 @@ impl ManagerCore {
                 error!(error = %e, "saving state failed");
             }
         }
+    }
+
+    /// A daemon whose server stopped taking clients (docs/gpu-results.md section 7: a process took
+    /// its channel and did not act as a CUDA client; the server then takes no new client, `quit`
+    /// hangs, and only killing it helps). Its server and daemon are killed, which ends the
+    /// server's running clients as MPS's own fault handling would; the daemon is started again
+    /// below, on this tick, for the leases; the container whose process got the last channel
+    /// before it stopped answering is refused from now on, so that it cannot do it again.
+    fn recover_stuck_server(
+        &self,
+        inner: &mut Inner,
+        report: &gate::daemon_admission::WedgeReport,
+        now: i64,
+    ) {
+        let Some(dir) = inner
+            .state
+            .daemons
+            .iter()
+            .find(|(_, d)| d.key.to_string() == report.daemon)
+            .map(|(dir, _)| dir.clone())
+        else {
+            return;
+        };
+        let leases: Vec<String> = inner
+            .state
+            .leases_of(&inner.state.daemons[&dir].key)
+            .map(LeaseRecord::owner)
+            .collect();
+        let record = inner.state.daemons.get_mut(&dir).expect("found above");
+        let servers = crate::process_identity::children_of(record.control.pid);
+        let blamed = report.suspect.as_ref().map(|(container, pid)| {
+            let reason = format!(
+                "its process {pid} took a channel to the MPS server of {} and left the server stuck (every new client waited); it is refused until it is restarted",
+                report.daemon
+            );
+            let blocked = self.gates.block(container, &reason);
+            (container.to_string(), *pid, blocked)
+        });
+        error!(daemon = %report.daemon, control_pid = record.control.pid, server_pids = ?servers, blamed = ?blamed, leases = ?leases, detail = %report.detail, "the MPS server takes no new client (a channel taken and not used as a CUDA client leaves it stuck); killing the server and its daemon, which ends the server's running clients, and starting them again");
+        for pid in servers.iter().copied().chain([record.control.pid]) {
+            let _ = nix::sys::signal::kill(
+                nix::unistd::Pid::from_raw(pid as i32),
+                nix::sys::signal::Signal::SIGKILL,
+            );
+        }
+        record.faults += 1;
+        record.last_fault_unix = Some(now);
     }
 
     /// EXCLUSIVE_PROCESS is checked on every tick, not only at start: a mode changed behind the

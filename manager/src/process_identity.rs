@@ -58,6 +58,23 @@ pub fn cgroup_of(pid: u32) -> Option<String> {
     std::fs::read_to_string(format!("/proc/{pid}/cgroup")).ok()
 }
 
+/// The processes whose parent is `parent` (an MPS control daemon's servers).
+pub fn children_of(parent: u32) -> Vec<u32> {
+    let Ok(entries) = std::fs::read_dir("/proc") else {
+        return Vec::new();
+    };
+    entries
+        .flatten()
+        .filter_map(|e| e.file_name().to_str()?.parse::<u32>().ok())
+        .filter(|pid| {
+            std::fs::read_to_string(format!("/proc/{pid}/stat"))
+                .ok()
+                .and_then(|stat| fields_after_comm(&stat)?.get(1)?.parse::<u32>().ok())
+                == Some(parent)
+        })
+        .collect()
+}
+
 /// True if a process with this pid runs (and is not a zombie).
 pub fn is_running(pid: u32) -> bool {
     ProcessIdentity::of(pid).is_some_and(|p| p.is_alive())

@@ -76,9 +76,26 @@ pub enum Outcome {
     Answered(String),
     /// The client closed before it was served.
     ClientGone,
-    /// The daemon could not be reached, or its limits not set: try again later.
-    Failed(String),
+    /// The daemon could not be reached, or its limits not set: try again later. `unanswered`:
+    /// it did not answer in time (what a stuck server looks like, docs/gpu-results.md section 7).
+    Failed { why: String, unanswered: bool },
 }
+
+/// A daemon whose server stopped taking clients: it did not answer [`WEDGED_AFTER`] requests
+/// in a row. Measured: a process that takes its channel and does not act as a CUDA client
+/// leaves the server stuck for every new client until it is killed.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct WedgeReport {
+    pub daemon: String,
+    /// The last process that got a channel before the daemon stopped answering, and its
+    /// container: the one that left the server stuck, unless the server broke on its own.
+    pub suspect: Option<(ContainerId, i32)>,
+    pub detail: String,
+}
+
+/// Requests in a row the daemon did not answer (each after the handshake timeout, or a CLI
+/// command after its timeout) before the server is taken as stuck.
+pub const WEDGED_AFTER: u32 = 2;
 
 /// What `gpu-mps status` shows of a daemon's queue.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
@@ -98,6 +115,9 @@ pub struct DaemonAdmission {
     view: Arc<StdMutex<QueueView>>,
 }
 
+/// Where daemon owners report stuck servers; the manager takes the reports on its tick.
+pub type WedgeReports = Arc<StdMutex<Vec<WedgeReport>>>;
+
 /// What the server was last given, and by which daemon process: a restarted daemon starts from
 /// its defaults, so its limits are set again.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -114,6 +134,11 @@ struct Owner {
     timings: RelayTimings,
     applied: Option<Applied>,
     view: Arc<StdMutex<QueueView>>,
+    /// Requests in a row the daemon did not answer.
+    unanswered: u32,
+    /// The last process that got a channel.
+    last_channel: Option<(ContainerId, i32)>,
+    reports: WedgeReports,
 }
 
 impl DaemonAdmission {
@@ -124,6 +149,7 @@ impl DaemonAdmission {
         gpu_count: usize,
         control: Arc<dyn MpsControl>,
         timings: RelayTimings,
+        reports: WedgeReports,
     ) -> Self {
         let (tx, rx) = mpsc::unbounded_channel();
         let view = Arc::new(StdMutex::new(QueueView::default()));
@@ -135,6 +161,9 @@ impl DaemonAdmission {
             timings,
             applied: None,
             view: view.clone(),
+            unanswered: 0,
+            last_channel: None,
+            reports,
         };
         tokio::spawn(owner.run(rx));
         DaemonAdmission { tx, view }
@@ -211,6 +240,7 @@ impl Owner {
                 done,
             } = job;
             let (outcome, limits_set) = self.serve(&container, class, &client, &credentials).await;
+            self.note(&container, credentials.pid(), &outcome);
             {
                 let mut view = lock(&self.view);
                 view.queued = view.queued.saturating_sub(1);
@@ -227,6 +257,31 @@ impl Owner {
                 waited,
                 limits_set,
             });
+        }
+    }
+
+    /// Follows whether the daemon answers, and reports it once when it stops.
+    fn note(&mut self, container: &ContainerId, pid: i32, outcome: &Outcome) {
+        match outcome {
+            Outcome::Admitted { .. } => {
+                self.unanswered = 0;
+                self.last_channel = Some((container.clone(), pid));
+            }
+            Outcome::Failed {
+                why,
+                unanswered: true,
+            } => {
+                self.unanswered += 1;
+                if self.unanswered == WEDGED_AFTER {
+                    warn!(daemon = %self.name, suspect = ?self.last_channel, "gate: the MPS server took no client for {WEDGED_AFTER} requests in a row: {why}");
+                    lock(&self.reports).push(WedgeReport {
+                        daemon: self.name.clone(),
+                        suspect: self.last_channel.clone(),
+                        detail: why.clone(),
+                    });
+                }
+            }
+            Outcome::Failed { .. } | Outcome::Answered(_) | Outcome::ClientGone => {}
         }
     }
 
@@ -262,8 +317,12 @@ impl Owner {
                     }
                     Err(e) => {
                         // Unknown until it succeeds: a half-applied change is redone next time.
+                        let unanswered = matches!(e, crate::mps_control::ControlError::Timeout { .. });
                         return (
-                            Outcome::Failed(format!("setting the server's limits to {limits} failed: {e}")),
+                            Outcome::Failed {
+                                why: format!("setting the server's limits to {limits} failed: {e}"),
+                                unanswered,
+                            },
                             false,
                         );
                     }
@@ -278,8 +337,12 @@ impl Owner {
     async fn relay(&self, client: &AsyncFd<UnixStream>, credentials: &UnixCredentials) -> Outcome {
         let path = self.pipe_dir.join(mps_control::CONTROL_SOCKET);
         let timeout = self.timings.answer_timeout;
-        let unanswered =
-            |what: String| Outcome::Failed(format!("the MPS control daemon at {}: {what}", path.display()));
+        let failed = |what: String, unanswered: bool| Outcome::Failed {
+            why: format!("the MPS control daemon at {}: {what}", path.display()),
+            unanswered,
+        };
+        let unanswered = |what: String| failed(what, true);
+        let broken = |what: String| failed(what, false);
         // A unix connect blocks while the daemon's backlog is full: not on a runtime thread.
         let connect_path = path.clone();
         let connected = tokio::time::timeout(
@@ -290,10 +353,10 @@ impl Owner {
         let upstream = match connected {
             Ok(Ok(Ok(stream))) => match seqpacket::watch(stream) {
                 Ok(s) => s,
-                Err(e) => return unanswered(format!("cannot watch the connection: {e}")),
+                Err(e) => return broken(format!("cannot watch the connection: {e}")),
             },
-            Ok(Ok(Err(e))) => return unanswered(format!("cannot connect: {e}")),
-            Ok(Err(e)) => return unanswered(format!("cannot connect: {e}")),
+            Ok(Ok(Err(e))) => return broken(format!("cannot connect: {e}")),
+            Ok(Err(e)) => return broken(format!("cannot connect: {e}")),
             Err(_) => return unanswered(format!("no connection within {} ms", timeout.as_millis())),
         };
         match tokio::time::timeout(timeout, seqpacket::recv_message(&upstream)).await {
@@ -301,16 +364,16 @@ impl Owner {
             Ok(Ok(Some(other))) => {
                 // Fail closed: a daemon that does not speak the measured protocol gets no client.
                 warn!(daemon = %self.name, hello = %wire::show(&other.bytes), "gate: the MPS control daemon's hello is not the one measured; nothing is relayed (re-run tests/gpu/shape-probe.sh on this driver)");
-                return unanswered(format!("unexpected hello {}", wire::show(&other.bytes)));
+                return broken(format!("unexpected hello {}", wire::show(&other.bytes)));
             }
-            Ok(Ok(None)) => return unanswered("closed before its hello".into()),
-            Ok(Err(e)) => return unanswered(format!("reading its hello: {e}")),
+            Ok(Ok(None)) => return broken("closed before its hello".into()),
+            Ok(Err(e)) => return broken(format!("reading its hello: {e}")),
             Err(_) => return unanswered(format!("no hello within {} ms", timeout.as_millis())),
         }
         let started = Instant::now();
         for message in [wire::CREDENTIALS, &wire::cuda_client_kind()[..]] {
             if let Err(e) = seqpacket::send_message(&upstream, message, &[], Some(credentials)).await {
-                return unanswered(format!("sending the request: {e}"));
+                return broken(format!("sending the request: {e}"));
             }
         }
         let answer = match tokio::time::timeout(timeout, seqpacket::recv_message(&upstream)).await {
@@ -320,7 +383,7 @@ impl Owner {
             Ok(Ok(None)) => {
                 return Outcome::Answered("the daemon closed the connection without an answer".into());
             }
-            Ok(Err(e)) => return unanswered(format!("reading its answer: {e}")),
+            Ok(Err(e)) => return broken(format!("reading its answer: {e}")),
             Err(_) => return unanswered(format!("no answer within {} ms", timeout.as_millis())),
         };
         let answer_ms = started.elapsed().as_millis() as u64;

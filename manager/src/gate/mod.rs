@@ -45,7 +45,9 @@ use tracing::{debug, error, info, warn};
 
 use crate::mps_control::{self, MpsControl};
 use crate::process_identity::ProcessIdentity;
-use daemon_admission::{DaemonAdmission, Job, JobDone, Outcome, QueueView, RelayTimings};
+use daemon_admission::{
+    DaemonAdmission, Job, JobDone, Outcome, QueueView, RelayTimings, WedgeReport, WedgeReports,
+};
 use processes::{Decision, ProcessBudget};
 use wire::Request;
 
@@ -130,6 +132,9 @@ struct GateState {
     connections: AtomicU32,
     /// A waiting client is logged once, not at every retry.
     waiting_logged: AtomicBool,
+    /// Set when a process of this container left its GPU's MPS server stuck: every request of
+    /// the container is refused from then on (it must not do it again after the recovery).
+    blocked: StdMutex<Option<String>>,
 }
 
 struct OpenGate {
@@ -150,6 +155,7 @@ pub struct Gates {
     store: Option<Arc<dyn ListenerStore>>,
     daemons: StdMutex<HashMap<String, DaemonAdmission>>,
     open: StdMutex<HashMap<ContainerId, OpenGate>>,
+    wedges: WedgeReports,
 }
 
 impl Gates {
@@ -163,6 +169,25 @@ impl Gates {
             store: None,
             daemons: StdMutex::new(HashMap::new()),
             open: StdMutex::new(HashMap::new()),
+            wedges: Arc::new(StdMutex::new(Vec::new())),
+        }
+    }
+
+    /// The stuck servers the daemons' owners noticed since the last call.
+    pub fn take_wedge_reports(&self) -> Vec<WedgeReport> {
+        std::mem::take(&mut *lock(&self.wedges))
+    }
+
+    /// Refuses every further request of the container, with `reason` (it left its server stuck).
+    /// False if it has no gate.
+    pub fn block(&self, container: &ContainerId, reason: &str) -> bool {
+        match lock(&self.open).get(container) {
+            Some(gate) => {
+                *lock(&gate.state.blocked) = Some(reason.to_string());
+                *lock(&gate.state.last_refusal) = reason.to_string();
+                true
+            }
+            None => false,
         }
     }
 
@@ -211,6 +236,7 @@ impl Gates {
             last_refusal: StdMutex::new(String::new()),
             connections: AtomicU32::new(0),
             waiting_logged: AtomicBool::new(false),
+            blocked: StdMutex::new(None),
         });
         info!(container = %target.container, owner = %target.owner, daemon = %target.daemon, limits = %target.limits, cuda_processes = target.cuda_processes, running = ?target.running.iter().map(|p| p.pid).collect::<Vec<_>>(), class = ?target.class(), gate = %target.gate_dir.display(), socket = how, "gate open");
         let serving = Serving {
@@ -322,6 +348,7 @@ impl Gates {
                         answer_timeout: self.timings.handshake_timeout,
                         ack_timeout: daemon_admission::ACK_TIMEOUT,
                     },
+                    self.wedges.clone(),
                 )
             })
             .clone()
@@ -522,6 +549,11 @@ async fn serve_connection(stream: UnixStream, slot: Slot, serving: Serving) {
         refuse(&serving, client_pid, &request.describe());
         return;
     }
+    let blocked = lock(&serving.state.blocked).clone();
+    if let Some(reason) = blocked {
+        refuse(&serving, client_pid, &reason);
+        return;
+    }
     let Some(process) = u32::try_from(client_pid).ok().and_then(ProcessIdentity::of) else {
         debug!(container = %target.container, client_pid, "gate: the client process is gone");
         return;
@@ -600,7 +632,7 @@ async fn serve_connection(stream: UnixStream, slot: Slot, serving: Serving) {
                 debug!(container = %target.container, client_pid, "gate: the client left before it was served");
                 return;
             }
-            Outcome::Failed(why) => {
+            Outcome::Failed { why, .. } => {
                 if started.elapsed() + backoff > serving.timings.queue_timeout {
                     if reserved {
                         lock(&serving.state.budget).release(process);

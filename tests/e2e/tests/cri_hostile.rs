@@ -38,6 +38,7 @@ per_suite!(
     one_manager_per_root,
     a_process_that_connects_while_the_manager_is_down_gets_its_limits,
     a_restarted_manager_still_counts_the_running_processes,
+    a_process_that_leaves_the_server_stuck_is_refused_and_the_gpu_recovers,
 );
 
 const WAIT: Duration = Duration::from_secs(20);
@@ -436,6 +437,64 @@ async fn one_manager_per_root(suite: Suite) -> Result<()> {
         .unwrap_or("");
     println!("second manager refused: {line}");
     Ok(())
+}
+
+/// A process takes its channel and does not act as a CUDA client (the test double then leaves
+/// its server stuck, as the real one was measured to: every new client waits). The manager
+/// notices the daemon no longer answering, kills the server and its daemon, starts them again,
+/// and refuses the container whose process took the last channel; the next pod's client is
+/// admitted with its own limits.
+async fn a_process_that_leaves_the_server_stuck_is_refused_and_the_gpu_recovers(suite: Suite) -> Result<()> {
+    let limits = LimitsConfig {
+        gate_handshake_timeout_seconds: Some(2),
+        ..LimitsConfig::exact()
+    };
+    let node = GpuNode::start(&suite, limits).await?;
+    let mut cri = node.cri().await?;
+    let gpu = node.gpu_uuid(0).to_string();
+    let pod = cri
+        .run_pod_sandbox(
+            &gpu_pod("hostile", "default")
+                .gpu_limits("4Gi", 25)
+                .annotation("gpu-mps.io/cuda-processes", "2"),
+        )
+        .await?;
+    let (h, _) = admitted(&mut cri, &pod, &client("infer", &gpu)).await?;
+    let daemon_before = node.manager.status().await?.daemons[0].control_pid;
+    let raw: MpsRaw = exec(&mut cri, &h, &["mps-raw", "--kind", "2", "--wait-seconds", "1"]).await?;
+    ensure!(
+        raw.replies.first().is_some_and(|r| r.descriptors == 1),
+        "the raw request got no channel: {raw:?}"
+    );
+    let started = Instant::now();
+    let pod2 = cri
+        .run_pod_sandbox(&gpu_pod("victim", "default").gpu_limits("8Gi", 50))
+        .await?;
+    let (v, victim) = admitted(&mut cri, &pod2, &client("infer", &gpu)).await?;
+    let took = started.elapsed();
+    ensure!(
+        served(&victim) == (Some("8G"), Some("50.0")),
+        "the victim got {victim}"
+    );
+    let status = node.manager.status().await?;
+    let daemon = &status.daemons[0];
+    ensure!(
+        daemon.control_pid != daemon_before && daemon.faults >= 1,
+        "the stuck daemon was not replaced: {daemon:?}"
+    );
+    let again: MpsClient = exec(&mut cri, &h, &["mps-client"]).await?;
+    ensure!(
+        again.refused,
+        "the container that left the server stuck got: {again}"
+    );
+    let lease = node.manager.status().await?;
+    let lease = lease.lease(&h.id).context("no lease")?;
+    ensure!(lease.last_refusal.contains("left the server stuck"), "{lease:?}");
+    println!(
+        "a channel taken and not used: the server was replaced ({} -> {}), the victim admitted after {took:?}, the culprit refused",
+        daemon_before, daemon.control_pid
+    );
+    cleanup(&mut cri, &[(&pod, &h), (&pod2, &v)]).await
 }
 
 /// A pod of one CUDA process holds its channel while the manager restarts (SIGTERM, then

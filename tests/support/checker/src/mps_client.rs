@@ -172,6 +172,13 @@ fn run(control: &Path, progress: &mut Progress) -> Outcome {
         Ok(server) => server,
         Err(error) => return Outcome::Failed { error },
     };
+    // A client registers on its channel (the fake's word for what a real client does there):
+    // a channel nobody registers on leaves the (fake) server stuck, as measured on the real one.
+    if let Err(e) = std::io::Write::write_all(&mut &channel, gpu_mps_checker::mps_framing::CHANNEL_REGISTER) {
+        return Outcome::Failed {
+            error: format!("registering on the channel: {e}"),
+        };
+    }
     // 3: the second descriptor, dropped at once.
     if let Err(outcome) = request_descriptor(control, progress, "second request") {
         return outcome;

@@ -21,6 +21,10 @@ pub const END_OF_ANSWER: [u8; 8] = 1u64.to_le_bytes();
 pub const END_OF_SESSION: [u8; 8] = 0u64.to_le_bytes();
 const OUTPUT_PREFIX: [u8; 4] = [0; 4];
 
+/// What the checker's client sends first on its channel, for the test double (the real bytes
+/// there were never measured; that a client which sends nothing leaves the server stuck was).
+pub const CHANNEL_REGISTER: &[u8] = b"REGISTER";
+
 pub fn kind_message(kind: u32) -> [u8; 4] {
     kind.to_le_bytes()
 }

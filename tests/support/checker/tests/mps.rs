@@ -234,6 +234,8 @@ impl Fake {
 
 impl Drop for Fake {
     fn drop(&mut self) {
+        // `quit` never returns from a stuck server (a raw kind-2 request leaves it so): killed.
+        let _ = kill(Pid::from_raw(self.pid), Signal::SIGKILL);
         let _ = Command::new(fake_bin())
             .env("CUDA_MPS_PIPE_DIRECTORY", &self.pipe)
             .stdin(Stdio::piped())
@@ -352,6 +354,8 @@ fn mps_client_speaks_the_measured_shape_and_holds_its_channel() {
         }
         let answered = Instant::now();
         let channel = channel.expect("a channel");
+        let first = recv(&channel).expect("the client registers on its channel");
+        assert_eq!(first.0, b"REGISTER");
         assert!(recv(&channel).is_none(), "channel closed at the end of the hold");
         (said, answered.elapsed())
     });

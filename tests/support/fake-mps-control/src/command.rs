@@ -57,6 +57,21 @@ pub enum Command {
 }
 
 impl Command {
+    /// Whether the daemon asks a server to answer it: such a command hangs while the server is
+    /// stuck (measured for `set_active_thread_percentage <srv>`; taken to hold for every command
+    /// that names or needs a server).
+    pub fn reaches_a_server(&self) -> bool {
+        !matches!(
+            self,
+            Command::GetServerList
+                | Command::GetDefaultActiveThreadPercentage
+                | Command::SetDefaultActiveThreadPercentage { .. }
+                | Command::GetDefaultDevicePinnedMemLimit { .. }
+                | Command::SetDefaultDevicePinnedMemLimit { .. }
+                | Command::Unknown(_)
+        )
+    }
+
     pub fn parse(line: &str) -> Command {
         let line = line.trim();
         let words: Vec<String> = line.split_whitespace().map(str::to_string).collect();

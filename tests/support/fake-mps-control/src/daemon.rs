@@ -231,6 +231,8 @@ impl Startup {
             state,
         } = self;
         let daemon = Arc::new(Daemon {
+            wedged: Mutex::new(None),
+            waiting: Mutex::new(Vec::new()),
             state: Mutex::new(state),
             one_connection: Mutex::new(()),
             log,
@@ -259,11 +261,30 @@ struct Daemon {
     one_connection: Mutex<()>,
     log: ControlLog,
     paths: Paths,
+    /// Set once a process took its channel and did not register on it: the server is stuck.
+    /// Measured on the H200 (docs/gpu-results.md section 7): every new client then waits,
+    /// server-bound commands hang, `quit` hangs, reads of the daemon's own state answer, until
+    /// the daemon and its server are killed.
+    wedged: Mutex<Option<String>>,
+    /// Requests of new clients that a stuck server never answers, kept open.
+    waiting: Mutex<Vec<UnixStream>>,
 }
 
 impl Daemon {
     fn lock_state(&self) -> MutexGuard<'_, State> {
         self.state.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
+    }
+
+    fn wedged_reason(&self) -> Option<String> {
+        lock(&self.wedged).clone()
+    }
+
+    fn wedge(&self, why: &str) {
+        let mut wedged = lock(&self.wedged);
+        if wedged.is_none() {
+            self.log.line(&format!("Server stuck: {why}"));
+            *wedged = Some(why.to_string());
+        }
     }
 
     /// A client gave up its channel (or was disconnected).
@@ -504,6 +525,18 @@ fn answer_command(
     uid: u32,
     command: &str,
 ) -> Result<(), ConnectionError> {
+    if let Some(why) = daemon.wedged_reason() {
+        if crate::command::Command::parse(command).reaches_a_server() {
+            // Holds this connection, and with it the daemon, for good (measured: a server-bound
+            // command of a stuck server never answered, and later reads waited behind it).
+            daemon
+                .log
+                .line(&format!("{command}: the server is stuck ({why}); no answer"));
+            loop {
+                std::thread::sleep(Duration::from_secs(3600));
+            }
+        }
+    }
     let output = match privilege::refusal(&crate::command::Command::parse(command), socket, uid) {
         Some(refusal) => {
             daemon.log.line(&refusal);
@@ -540,6 +573,15 @@ fn serve_cuda_client(
     pid: i32,
     uid: u32,
 ) -> Result<(), ConnectionError> {
+    if let Some(why) = daemon.wedged_reason() {
+        daemon.log.line(&format!(
+            "NEW CLIENT {pid} from user {uid}: waits, the server is stuck ({why})"
+        ));
+        if let Ok(kept) = stream.try_clone() {
+            lock(&daemon.waiting).push(kept);
+        }
+        return Ok(());
+    }
     let (kept, passed) = protocol::channel_pair().map_err(io_error("creating a channel"))?;
     let channel = Arc::new(kept);
     let admitted = {
@@ -592,9 +634,23 @@ fn serve_cuda_client(
             source,
         });
     }
-    // The client is on the server for as long as it holds its channel.
+    // The client registers on its channel first, and is on the server for as long as it holds
+    // it. A channel taken and not registered on leaves the server stuck (measured).
     let (watcher, id) = (daemon.clone(), admission.client_id);
     std::thread::spawn(move || {
+        let _ = channel.set_read_timeout(Some(REGISTER_TIMEOUT));
+        match protocol::recv_message(&channel) {
+            Ok(Some(m)) if m == protocol::CHANNEL_REGISTER => {}
+            other => {
+                let why = match other {
+                    Ok(Some(m)) => format!("client {pid} sent {} on its channel", protocol::hex(&m)),
+                    Ok(None) => format!("client {pid} closed its channel without registering"),
+                    Err(_) => format!("client {pid} did not register on its channel"),
+                };
+                watcher.wedge(&why);
+            }
+        }
+        let _ = channel.set_read_timeout(None);
         while let Ok(Some(_)) = protocol::recv_message(&channel) {}
         watcher.forget_client(id);
     });
@@ -615,6 +671,13 @@ fn await_client_close(daemon: &Daemon, stream: &UnixStream, pid: i32) -> Result<
     }
     Ok(())
 }
+
+fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
+}
+
+/// How long a new client has to register on its channel (a real one does it at once).
+const REGISTER_TIMEOUT: Duration = Duration::from_secs(3);
 
 fn lock_pipe_dir(paths: &Paths) -> Result<Flock<File>, String> {
     let path = paths.control_lock();

@@ -48,6 +48,9 @@ pub const CREDENTIALS: &[u8] = b"OUTBCRED\0";
 pub const CHANNEL_PASSED: &[u8] = b"OUTBCUFD\0";
 /// A CUDA client's last message on a kind-2 connection.
 pub const CLIENT_ACK: [u8; 4] = [0; 4];
+/// The fake's own first message of a client on its channel (what a real client sends there was
+/// not measured; that a client which sends nothing leaves the server stuck was).
+pub const CHANNEL_REGISTER: &[u8] = b"REGISTER";
 pub const KIND_CUDA_CLIENT: u32 = 2;
 pub const KIND_UI: u32 = 4;
 /// What starts a UI output message.

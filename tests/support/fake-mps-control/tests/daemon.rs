@@ -26,6 +26,8 @@ const BANNER: &str = "FAKE nvidia-cuda-mps-control (gpu-mps test double; no GPU,
 const HELLO: &[u8] = &[0x4f, 0x55, 0x54, 0x42, 0x48, 0x45, 0x4c, 0x4c, 0x00];
 const CRED: &[u8] = &[0x4f, 0x55, 0x54, 0x42, 0x43, 0x52, 0x45, 0x44, 0x00];
 const CUFD: &[u8] = &[0x4f, 0x55, 0x54, 0x42, 0x43, 0x55, 0x46, 0x44, 0x00];
+/// The fake's own first message of a client on its channel.
+const REGISTER: &[u8] = b"REGISTER";
 const KIND_CUDA_CLIENT: &[u8] = &[2, 0, 0, 0];
 const KIND_UI: &[u8] = &[4, 0, 0, 0];
 const ACK: &[u8] = &[0, 0, 0, 0];
@@ -276,6 +278,9 @@ fn cuda_client(pipe: &Path) -> Option<(UnixStream, String)> {
     assert_eq!(fds.len(), 1, "one descriptor");
     let channel = fds.remove(0);
     let line = String::from_utf8(recv(&channel).0).expect("utf8");
+    // Registered on its channel, as a client must be: a channel nobody registers on leaves the
+    // server stuck (measured on the real one, copied by the fake).
+    send(&channel, REGISTER);
     let (answer, second) = kind2_request(pipe);
     assert_eq!((answer.as_slice(), second.len()), (CUFD, 1), "second descriptor");
     Some((channel, line))
@@ -791,6 +796,62 @@ fn a_refused_client_is_closed_after_its_request_unanswered() {
     assert!(wait_for(|| d.cmd(&format!("get_client_list {srv}")).is_empty()).is_ok());
     let taken = ClientProcess::start(&d.pipe);
     assert_eq!(taken.line, format!("SERVER {srv} THREADS 100.0 MEM 0=0"));
+}
+
+#[test]
+fn a_channel_nobody_registers_on_leaves_the_server_stuck() {
+    let d = Daemon::start("GPU-aaaa");
+    let (held, line) = cuda_client(&d.pipe).expect("admitted");
+    let srv = server_pid_of(&line);
+    // A process takes its channel and closes it without registering.
+    let (answer, fds) = kind2_request_as_new_process(&d.pipe);
+    assert_eq!((answer.as_slice(), fds.len()), (CUFD, 1));
+    drop(fds);
+    assert!(
+        wait_for(|| d.control_log().contains("Server stuck")).is_ok(),
+        "{}",
+        d.control_log()
+    );
+    // Reads of the daemon's own state still answer; a new client waits, unanswered.
+    assert_eq!(d.cmd("get_server_list"), format!("{srv}\n"));
+    let stream = connect_after_hello(&d.pipe.join("control"));
+    stream
+        .set_read_timeout(Some(std::time::Duration::from_millis(500)))
+        .expect("timeout");
+    send_with_credentials(&stream, CRED);
+    send_with_credentials(&stream, KIND_CUDA_CLIENT);
+    let mut buf = [0u8; 16];
+    let waited = (&stream).read(&mut buf);
+    assert!(
+        matches!(&waited, Err(e) if e.kind() == std::io::ErrorKind::WouldBlock),
+        "a new client of a stuck server got {waited:?}"
+    );
+    drop(held);
+    // `quit` hangs on a stuck server (measured): only killing the daemon ends it.
+    let _ = kill(Pid::from_raw(d.pid), Signal::SIGKILL);
+    assert!(wait_gone(d.pid).is_ok());
+}
+
+/// A kind-2 request from another process (the test binary's pid already has a client).
+fn kind2_request_as_new_process(pipe: &Path) -> (Vec<u8>, Vec<UnixStream>) {
+    let stream = connect_after_hello(&pipe.join("control"));
+    // The credentials of a pid that has no client: the daemon takes the message's pid.
+    let other = nix::sys::socket::UnixCredentials::from(libc::ucred {
+        pid: 1,
+        uid: nix::unistd::getuid().as_raw(),
+        gid: nix::unistd::getgid().as_raw(),
+    });
+    for message in [CRED, KIND_CUDA_CLIENT] {
+        socket::sendmsg::<()>(
+            stream.as_raw_fd(),
+            &[std::io::IoSlice::new(message)],
+            &[socket::ControlMessage::ScmCredentials(&other)],
+            socket::MsgFlags::empty(),
+            None,
+        )
+        .expect("send");
+    }
+    recv(&stream)
 }
 
 #[test]
