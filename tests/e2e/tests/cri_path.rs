@@ -833,8 +833,14 @@ async fn exact_gates_come_back_after_a_manager_restart(suite: Suite) -> Result<(
     let mut node = GpuNode::start(&suite, LimitsConfig::exact()).await?;
     let mut cri = node.cri().await?;
     let gpu = node.gpu_uuid(0).to_string();
+    // Two CUDA processes of 2Gi each: the running one and the one exec'd after the restart
+    // (the new manager recounts the running one from the server's clients).
     let pod_a = cri
-        .run_pod_sandbox(&gpu_pod("survivor", "default").gpu_limits("2Gi", 20))
+        .run_pod_sandbox(
+            &gpu_pod("survivor", "default")
+                .gpu_limits("4Gi", 20)
+                .annotation("gpu-mps.io/cuda-processes", "2"),
+        )
         .await?;
     let (a, client_a) = start_client(&mut cri, &pod_a, &client_container("infer", &gpu)).await?;
     let pid_a = node
