@@ -130,7 +130,7 @@ stop_manager; write_config exact; start_manager h2 || exit 1
 run_ctr h2-warm gpu-mps 4Gi 25 -- "$CHECK" --tag warm
 for i in 1 2 3; do run_ctr "h2-base$i" gpu-mps 8Gi 50 -- "$CHECK" --tag "base$i"; done
 base=$(for i in 1 2 3; do jget "$(last_json "$D/h2-base$i.out")" "d.get('init_s')"; done | sort -n | sed -n 2p)
-for mode in stall noack; do
+for mode in ${H2_MODES:-stall noack}; do
     run_ctr "h2-$mode-hostile" gpu-mps 4Gi 25 -- /usr/bin/python3 /check/hostile-client.py "$mode" 64 25 &
     HOST=$!
     sleep 4
