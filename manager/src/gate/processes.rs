@@ -40,6 +40,9 @@ struct Counted {
     who: ProcessIdentity,
     confirmed: bool,
     channels: u32,
+    /// Requests let through and not yet confirmed or released: they count against the channel
+    /// cap, and an unconfirmed process stays counted while any is pending.
+    pending: u32,
 }
 
 impl ProcessBudget {
@@ -57,10 +60,13 @@ impl ProcessBudget {
     /// Decides for `who`; processes for which `alive` is false no longer count.
     pub fn decide(&mut self, who: ProcessIdentity, alive: impl Fn(&ProcessIdentity) -> bool) -> Decision {
         self.counted.retain(|c| alive(&c.who));
-        if let Some(c) = self.counted.iter().find(|c| c.who == who) {
-            if c.channels >= MAX_CHANNELS_PER_PROCESS {
-                return Decision::TooManyChannels { channels: c.channels };
+        if let Some(c) = self.counted.iter_mut().find(|c| c.who == who) {
+            if c.channels + c.pending >= MAX_CHANNELS_PER_PROCESS {
+                return Decision::TooManyChannels {
+                    channels: c.channels + c.pending,
+                };
             }
+            c.pending += 1;
             return Decision::Known;
         }
         if self.counted.len() >= self.limit as usize {
@@ -73,15 +79,26 @@ impl ProcessBudget {
             who,
             confirmed: false,
             channels: 0,
+            pending: 1,
         });
         Decision::Reserved
     }
 
-    /// The process got a channel: it counts until it exits.
+    /// A request let through by [`ProcessBudget::decide`] got a channel: the process counts
+    /// until it exits (also if its entry went meanwhile: it holds a channel now).
     pub fn confirm(&mut self, who: ProcessIdentity) {
-        if let Some(c) = self.counted.iter_mut().find(|c| c.who == who) {
-            c.confirmed = true;
-            c.channels += 1;
+        match self.counted.iter_mut().find(|c| c.who == who) {
+            Some(c) => {
+                c.confirmed = true;
+                c.channels += 1;
+                c.pending = c.pending.saturating_sub(1);
+            }
+            None => self.counted.push(Counted {
+                who,
+                confirmed: true,
+                channels: 1,
+                pending: 0,
+            }),
         }
     }
 
@@ -93,13 +110,19 @@ impl ProcessBudget {
                 who,
                 confirmed: true,
                 channels: 2,
+                pending: 0,
             });
         }
     }
 
-    /// A reservation that did not lead to a channel (the client left, the daemon refused).
+    /// A request let through by [`ProcessBudget::decide`] that did not get a channel (the
+    /// client left, the daemon refused): a process without a channel and without another
+    /// request in flight no longer counts.
     pub fn release(&mut self, who: ProcessIdentity) {
-        self.counted.retain(|c| c.who != who || c.confirmed);
+        if let Some(c) = self.counted.iter_mut().find(|c| c.who == who) {
+            c.pending = c.pending.saturating_sub(1);
+        }
+        self.counted.retain(|c| c.who != who || c.confirmed || c.pending > 0);
     }
 
     /// The pids of the processes with a channel, alive now.
@@ -143,6 +166,38 @@ mod tests {
             }
         );
         assert_eq!(b.admitted(all), vec![1], "2 is reserved, not confirmed");
+    }
+
+    #[test]
+    fn a_request_in_flight_keeps_a_process_counted() {
+        // Two requests of one process in flight; the first one's client leaves, the second is
+        // admitted: the process must still count (it holds a channel).
+        let mut b = ProcessBudget::new(1);
+        let all = |_: &ProcessIdentity| true;
+        assert_eq!(b.decide(p(1), all), Decision::Reserved);
+        assert_eq!(b.decide(p(1), all), Decision::Known);
+        b.release(p(1));
+        assert!(matches!(b.decide(p(2), all), Decision::OverBudget { .. }), "request b is in flight");
+        b.confirm(p(1));
+        assert!(matches!(b.decide(p(2), all), Decision::OverBudget { .. }));
+        assert_eq!(b.admitted(all), vec![1]);
+        // Released entirely, then admitted: confirm puts it back.
+        let mut b = ProcessBudget::new(1);
+        assert_eq!(b.decide(p(3), all), Decision::Reserved);
+        b.release(p(3));
+        b.confirm(p(3));
+        assert!(matches!(b.decide(p(4), all), Decision::OverBudget { .. }));
+    }
+
+    #[test]
+    fn requests_in_flight_count_against_the_channel_cap() {
+        let mut b = ProcessBudget::new(1);
+        let all = |_: &ProcessIdentity| true;
+        assert_eq!(b.decide(p(1), all), Decision::Reserved);
+        for _ in 1..MAX_CHANNELS_PER_PROCESS {
+            assert_eq!(b.decide(p(1), all), Decision::Known);
+        }
+        assert!(matches!(b.decide(p(1), all), Decision::TooManyChannels { .. }));
     }
 
     #[test]

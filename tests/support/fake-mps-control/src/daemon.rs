@@ -319,6 +319,14 @@ impl Daemon {
         }
         self.log.line(&format!("Exit ({why})"));
         if let Some(stream) = answer_to {
+            // Take the rest of the session (its terminating 0) first: a socket closed with
+            // messages unread resets the connection, and the CLI could lose the answer to it.
+            let _ = stream.set_read_timeout(Some(Duration::from_millis(500)));
+            while let Ok(Some(m)) = protocol::recv_message(stream) {
+                if protocol::parse_u64(&m) == Some(protocol::END_OF_SESSION) {
+                    break;
+                }
+            }
             let _ = protocol::send_message(stream, &protocol::u64_message(protocol::END_OF_ANSWER));
         }
         std::process::exit(0)
