@@ -9,7 +9,7 @@ use std::time::{SystemTime, UNIX_EPOCH};
 
 use gpu_mps_api::files::{self, Durability, FileMode};
 use gpu_mps_api::inventory::Inventory;
-use gpu_mps_api::node_config::{LimitPolicy, NodeConfig, PublishedConfig};
+use gpu_mps_api::node_config::{NodeConfig, PublishedConfig};
 use gpu_mps_api::proto;
 use gpu_mps_api::{ContainerId, DaemonKey, Limits};
 use thiserror::Error;
@@ -591,7 +591,11 @@ impl ManagerCore {
             let record = inner.state.daemons[&dir].clone();
             if !record.control.is_alive() {
                 changed = true;
-                let lease_limits = inner.state.leases_of(&record.key).map(|l| l.limits).next();
+                let lease_limits = inner
+                    .state
+                    .leases_of(&record.key)
+                    .map(LeaseRecord::process_limits)
+                    .next();
                 let Some(lease_limits) = lease_limits else {
                     warn!(daemon = %record.key, pid = record.control.pid, "idle MPS control daemon died");
                     inner.state.daemons.remove(&dir);
@@ -669,7 +673,14 @@ impl ManagerCore {
             .map(LeaseRecord::owner)
             .collect();
         let record = inner.state.daemons.get_mut(&dir).expect("found above");
-        let servers = crate::process_identity::children_of(record.control.pid);
+        // A dead daemon's pid may belong to another process by now: nothing is killed by it
+        // (its servers went with it or were re-parented; the dead-daemon path starts it again).
+        let daemon_alive = record.control.is_alive();
+        let servers = if daemon_alive {
+            crate::process_identity::children_of(record.control.pid)
+        } else {
+            Vec::new()
+        };
         let blamed = report.suspect.as_ref().map(|(container, pid)| {
             let reason = format!(
                 "its process {pid} took a channel to the MPS server of {} and left the server stuck (every new client waited); it is refused until it is restarted",
@@ -679,7 +690,8 @@ impl ManagerCore {
             (container.to_string(), *pid, blocked)
         });
         error!(daemon = %report.daemon, control_pid = record.control.pid, server_pids = ?servers, blamed = ?blamed, leases = ?leases, detail = %report.detail, "the MPS server takes no new client (a channel taken and not used as a CUDA client leaves it stuck); killing the server and its daemon, which ends the server's running clients, and starting them again");
-        for pid in servers.iter().copied().chain([record.control.pid]) {
+        let daemon = daemon_alive.then_some(record.control.pid);
+        for pid in servers.iter().copied().chain(daemon) {
             let _ = nix::sys::signal::kill(
                 nix::unistd::Pid::from_raw(pid as i32),
                 nix::sys::signal::Signal::SIGKILL,
@@ -864,7 +876,10 @@ fn gate_target(config: &NodeConfig, id: &ContainerId, lease: &LeaseRecord) -> Ga
         daemon_pipe_dir: config.pipe_dir(&lease.key),
         limits: lease.limits,
         cuda_processes: lease.cuda_processes,
-        sets_limits: config.policy == LimitPolicy::Exact,
+        server_class: Some(
+            admission::server_limits(&AdmissionPolicy::from(config), lease.process_limits())
+                .unwrap_or_else(|| lease.process_limits()),
+        ),
         running: Vec::new(),
         owner: lease.owner(),
     }
@@ -949,7 +964,10 @@ async fn running_clients_by_container(
                 else {
                     continue;
                 };
-                match leases.iter().find(|(_, c)| *c == cgroup) {
+                match leases
+                    .iter()
+                    .find(|(_, init)| crate::process_identity::in_cgroup_of(&cgroup, init))
+                {
                     Some((lease, _)) => found
                         .entry(lease.container_id.clone())
                         .or_default()

@@ -58,6 +58,30 @@ pub fn cgroup_of(pid: u32) -> Option<String> {
     std::fs::read_to_string(format!("/proc/{pid}/cgroup")).ok()
 }
 
+/// True when a process whose `/proc/<pid>/cgroup` reads `process` is in the container whose
+/// init's reads `init`: the same cgroup or one below it (a container may create its own
+/// cgroups, under cgroup v2 with its own cgroup namespace). Under cgroup v1 (several lines)
+/// only the same cgroups match.
+pub fn in_cgroup_of(process: &str, init: &str) -> bool {
+    let unified = |file: &str| {
+        let mut lines = file.lines().filter(|l| !l.is_empty());
+        let only = lines.next()?;
+        match (only.strip_prefix("0::"), lines.next()) {
+            (Some(path), None) => Some(path.trim_end().to_string()),
+            _ => None,
+        }
+    };
+    match (unified(process), unified(init)) {
+        (Some(process), Some(init)) => {
+            process == init
+                || process
+                    .strip_prefix(&init)
+                    .is_some_and(|rest| rest.starts_with('/') && init != "/")
+        }
+        _ => process == init,
+    }
+}
+
 /// The processes whose parent is `parent` (an MPS control daemon's servers).
 pub fn children_of(parent: u32) -> Vec<u32> {
     let Ok(entries) = std::fs::read_dir("/proc") else {
@@ -98,6 +122,22 @@ fn parse_start_ticks(stat: &str) -> Option<u64> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_process_is_in_its_containers_cgroup_or_below_it() {
+        let init = "0::/kubepods/pod1/ctr-a\n";
+        assert!(in_cgroup_of("0::/kubepods/pod1/ctr-a\n", init));
+        assert!(in_cgroup_of("0::/kubepods/pod1/ctr-a/worker\n", init));
+        assert!(!in_cgroup_of("0::/kubepods/pod1/ctr-ab\n", init));
+        assert!(!in_cgroup_of("0::/kubepods/pod1\n", init));
+        assert!(!in_cgroup_of("0::/kubepods/pod2/ctr-a\n", init));
+        // An init at the root of its view owns nothing below it by prefix.
+        assert!(!in_cgroup_of("0::/other\n", "0::/\n"));
+        // cgroup v1: only the same cgroups.
+        let v1 = "12:memory:/a\n11:cpu:/a\n";
+        assert!(in_cgroup_of(v1, v1));
+        assert!(!in_cgroup_of("12:memory:/a/b\n11:cpu:/a/b\n", v1));
+    }
 
     #[test]
     fn parses_stat_with_odd_command_names() {

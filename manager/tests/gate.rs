@@ -229,6 +229,10 @@ impl Node {
     fn open(&self, id: &str, gib: u64, pct: u8, processes: u32) -> PathBuf {
         let container = ContainerId::parse(id).unwrap();
         let gate_dir = self.dir.path().join("gates").join(container.gate_name());
+        let limits = Limits {
+            memory_bytes: gib << 30,
+            thread_percentage: pct,
+        };
         self.gates
             .open(
                 GateTarget {
@@ -236,12 +240,9 @@ impl Node {
                     gate_dir: gate_dir.clone(),
                     daemon: self.key.clone(),
                     daemon_pipe_dir: self.daemon.pipe.clone(),
-                    limits: Limits {
-                        memory_bytes: gib << 30,
-                        thread_percentage: pct,
-                    },
+                    limits,
                     cuda_processes: processes,
-                    sets_limits: true,
+                    server_class: Some(limits.per_process(processes)),
                     running: Vec::new(),
                     owner: id.into(),
                 },

@@ -56,6 +56,9 @@ pub struct Job {
     /// The client's, as the kernel recorded them when it connected: sent with its request,
     /// so the daemon sees the client's pid and uid (never the manager's).
     pub credentials: UnixCredentials,
+    /// The container's block (set when one of its processes left the server stuck): checked
+    /// right before the job is served, since it may have been queued before the block.
+    pub blocked: Arc<StdMutex<Option<String>>>,
     pub done: oneshot::Sender<JobDone>,
 }
 
@@ -76,6 +79,8 @@ pub enum Outcome {
     Answered(String),
     /// The client closed before it was served.
     ClientGone,
+    /// The container was blocked while the job waited; nothing was sent to the daemon.
+    Blocked(String),
     /// The daemon could not be reached, or its limits not set: try again later. `unanswered`:
     /// it did not answer in time (what a stuck server looks like, docs/gpu-results.md section 7).
     Failed { why: String, unanswered: bool },
@@ -138,6 +143,10 @@ struct Owner {
     unanswered: u32,
     /// The last process that got a channel.
     last_channel: Option<(ContainerId, i32)>,
+    /// The daemon process last reported stuck: it is not reported again (the manager replaces
+    /// it on its next tick; requests that time out meanwhile must not get its successor
+    /// killed too).
+    reported_daemon: Option<u32>,
     reports: WedgeReports,
 }
 
@@ -163,6 +172,7 @@ impl DaemonAdmission {
             view: view.clone(),
             unanswered: 0,
             last_channel: None,
+            reported_daemon: None,
             reports,
         };
         tokio::spawn(owner.run(rx));
@@ -171,8 +181,13 @@ impl DaemonAdmission {
 
     /// Queues a job; gives it back if the owner task is gone.
     pub fn submit(&self, job: Job) -> Result<(), Job> {
-        self.tx.send((job, Instant::now())).map_err(|e| e.0.0)?;
+        // Counted before it is sent, so that the owner's decrement never comes first.
         lock(&self.view).queued += 1;
+        self.tx.send((job, Instant::now())).map_err(|e| {
+            let mut view = lock(&self.view);
+            view.queued = view.queued.saturating_sub(1);
+            e.0.0
+        })?;
         Ok(())
     }
 
@@ -215,6 +230,24 @@ impl RoundRobin {
     }
 }
 
+/// What serving one job came to.
+struct Served {
+    outcome: Outcome,
+    limits_set: bool,
+    /// The daemon handed out a channel for this client (passed on or not).
+    channel_issued: bool,
+}
+
+impl Served {
+    fn nothing(outcome: Outcome) -> Self {
+        Served {
+            outcome,
+            limits_set: false,
+            channel_issued: false,
+        }
+    }
+}
+
 impl Owner {
     async fn run(mut self, mut rx: mpsc::UnboundedReceiver<(Job, Instant)>) {
         let mut waiting = RoundRobin::default();
@@ -237,10 +270,20 @@ impl Owner {
                 class,
                 client,
                 credentials,
+                blocked,
                 done,
             } = job;
-            let (outcome, limits_set) = self.serve(&container, class, &client, &credentials).await;
-            self.note(&container, credentials.pid(), &outcome);
+            let blocked = lock(&blocked).clone();
+            let served = match blocked {
+                Some(reason) => Served::nothing(Outcome::Blocked(reason)),
+                None => self.serve(&container, class, &client, &credentials).await,
+            };
+            let Served {
+                outcome,
+                limits_set,
+                channel_issued,
+            } = served;
+            self.note(&container, credentials.pid(), &outcome, channel_issued);
             {
                 let mut view = lock(&self.view);
                 view.queued = view.queued.saturating_sub(1);
@@ -261,27 +304,38 @@ impl Owner {
     }
 
     /// Follows whether the daemon answers, and reports it once when it stops.
-    fn note(&mut self, container: &ContainerId, pid: i32, outcome: &Outcome) {
+    fn note(&mut self, container: &ContainerId, pid: i32, outcome: &Outcome, channel_issued: bool) {
+        // A channel the daemon issued counts even when passing it on failed: the process that
+        // asked for it may still be the one that leaves the server stuck.
+        if channel_issued {
+            self.last_channel = Some((container.clone(), pid));
+        }
         match outcome {
-            Outcome::Admitted { .. } => {
+            Outcome::Admitted { .. } | Outcome::Answered(_) => {
                 self.unanswered = 0;
-                self.last_channel = Some((container.clone(), pid));
             }
             Outcome::Failed {
                 why,
                 unanswered: true,
             } => {
+                let daemon = mps_control::read_pid_file(&self.pipe_dir);
+                if daemon.is_some() && daemon == self.reported_daemon {
+                    return;
+                }
                 self.unanswered += 1;
                 if self.unanswered == WEDGED_AFTER {
                     warn!(daemon = %self.name, suspect = ?self.last_channel, "gate: the MPS server took no client for {WEDGED_AFTER} requests in a row: {why}");
                     lock(&self.reports).push(WedgeReport {
                         daemon: self.name.clone(),
-                        suspect: self.last_channel.clone(),
+                        suspect: self.last_channel.take(),
                         detail: why.clone(),
                     });
+                    // Counting starts again for the server that replaces this one.
+                    self.unanswered = 0;
+                    self.reported_daemon = daemon;
                 }
             }
-            Outcome::Failed { .. } | Outcome::Answered(_) | Outcome::ClientGone => {}
+            Outcome::Failed { .. } | Outcome::ClientGone | Outcome::Blocked(_) => {}
         }
     }
 
@@ -291,15 +345,17 @@ impl Owner {
         class: Option<Limits>,
         client: &AsyncFd<UnixStream>,
         credentials: &UnixCredentials,
-    ) -> (Outcome, bool) {
+    ) -> Served {
         if closed(client) {
-            return (Outcome::ClientGone, false);
+            return Served::nothing(Outcome::ClientGone);
         }
-        let daemon_pid = mps_control::read_pid_file(&self.pipe_dir).unwrap_or(0);
         let mut limits_set = false;
         if let Some(limits) = class {
-            let wanted = Applied { daemon_pid, limits };
-            if self.applied != Some(wanted) {
+            // Without the daemon's pid there is no telling whether the server is the one the
+            // limits were set on: set them again.
+            let wanted =
+                mps_control::read_pid_file(&self.pipe_dir).map(|daemon_pid| Applied { daemon_pid, limits });
+            if wanted.is_none() || self.applied != wanted {
                 let before = self.applied.take();
                 let started = Instant::now();
                 match mps_control::apply_limits_everywhere(
@@ -312,29 +368,32 @@ impl Owner {
                 {
                     Ok(servers) => {
                         info!(daemon = %self.name, limits = %limits, before = ?before.map(|a| a.limits), servers = ?servers, for_container = %container, client_pid = credentials.pid(), elapsed_ms = started.elapsed().as_millis() as u64, "gate: server limits set and read back");
-                        self.applied = Some(wanted);
+                        self.applied = wanted;
                         limits_set = true;
                     }
                     Err(e) => {
                         // Unknown until it succeeds: a half-applied change is redone next time.
                         let unanswered = matches!(e, crate::mps_control::ControlError::Timeout { .. });
-                        return (
-                            Outcome::Failed {
-                                why: format!("setting the server's limits to {limits} failed: {e}"),
-                                unanswered,
-                            },
-                            false,
-                        );
+                        return Served::nothing(Outcome::Failed {
+                            why: format!("setting the server's limits to {limits} failed: {e}"),
+                            unanswered,
+                        });
                     }
                 }
             }
         }
-        (self.relay(client, credentials).await, limits_set)
+        let (outcome, channel_issued) = self.relay(client, credentials).await;
+        Served {
+            outcome,
+            limits_set,
+            channel_issued,
+        }
     }
 
     /// Connects to the daemon, sends the client's request with its credentials, passes the
-    /// answer on, and the client's acknowledgement back.
-    async fn relay(&self, client: &AsyncFd<UnixStream>, credentials: &UnixCredentials) -> Outcome {
+    /// answer on, and the client's acknowledgement back. True with the outcome when the daemon
+    /// issued a channel.
+    async fn relay(&self, client: &AsyncFd<UnixStream>, credentials: &UnixCredentials) -> (Outcome, bool) {
         let path = self.pipe_dir.join(mps_control::CONTROL_SOCKET);
         let timeout = self.timings.answer_timeout;
         let failed = |what: String, unanswered: bool| Outcome::Failed {
@@ -353,27 +412,40 @@ impl Owner {
         let upstream = match connected {
             Ok(Ok(Ok(stream))) => match seqpacket::watch(stream) {
                 Ok(s) => s,
-                Err(e) => return broken(format!("cannot watch the connection: {e}")),
+                Err(e) => return (broken(format!("cannot watch the connection: {e}")), false),
             },
-            Ok(Ok(Err(e))) => return broken(format!("cannot connect: {e}")),
-            Ok(Err(e)) => return broken(format!("cannot connect: {e}")),
-            Err(_) => return unanswered(format!("no connection within {} ms", timeout.as_millis())),
+            Ok(Ok(Err(e))) => return (broken(format!("cannot connect: {e}")), false),
+            Ok(Err(e)) => return (broken(format!("cannot connect: {e}")), false),
+            Err(_) => {
+                return (
+                    unanswered(format!("no connection within {} ms", timeout.as_millis())),
+                    false,
+                );
+            }
         };
         match tokio::time::timeout(timeout, seqpacket::recv_message(&upstream)).await {
             Ok(Ok(Some(hello))) if hello.bytes == wire::HELLO && hello.fd_count() == 0 => {}
             Ok(Ok(Some(other))) => {
                 // Fail closed: a daemon that does not speak the measured protocol gets no client.
                 warn!(daemon = %self.name, hello = %wire::show(&other.bytes), "gate: the MPS control daemon's hello is not the one measured; nothing is relayed (re-run tests/gpu/shape-probe.sh on this driver)");
-                return broken(format!("unexpected hello {}", wire::show(&other.bytes)));
+                return (
+                    broken(format!("unexpected hello {}", wire::show(&other.bytes))),
+                    false,
+                );
             }
-            Ok(Ok(None)) => return broken("closed before its hello".into()),
-            Ok(Err(e)) => return broken(format!("reading its hello: {e}")),
-            Err(_) => return unanswered(format!("no hello within {} ms", timeout.as_millis())),
+            Ok(Ok(None)) => return (broken("closed before its hello".into()), false),
+            Ok(Err(e)) => return (broken(format!("reading its hello: {e}")), false),
+            Err(_) => {
+                return (
+                    unanswered(format!("no hello within {} ms", timeout.as_millis())),
+                    false,
+                );
+            }
         }
         let started = Instant::now();
         for message in [wire::CREDENTIALS, &wire::cuda_client_kind()[..]] {
             if let Err(e) = seqpacket::send_message(&upstream, message, &[], Some(credentials)).await {
-                return broken(format!("sending the request: {e}"));
+                return (broken(format!("sending the request: {e}")), false);
             }
         }
         let answer = match tokio::time::timeout(timeout, seqpacket::recv_message(&upstream)).await {
@@ -381,10 +453,18 @@ impl Owner {
             // The daemon refused the client (measured: a daemon that is shutting down reads the
             // request and closes). Closing the client too passes that on as it is.
             Ok(Ok(None)) => {
-                return Outcome::Answered("the daemon closed the connection without an answer".into());
+                return (
+                    Outcome::Answered("the daemon closed the connection without an answer".into()),
+                    false,
+                );
             }
-            Ok(Err(e)) => return broken(format!("reading its answer: {e}")),
-            Err(_) => return unanswered(format!("no answer within {} ms", timeout.as_millis())),
+            Ok(Err(e)) => return (broken(format!("reading its answer: {e}")), false),
+            Err(_) => {
+                return (
+                    unanswered(format!("no answer within {} ms", timeout.as_millis())),
+                    false,
+                );
+            }
         };
         let answer_ms = started.elapsed().as_millis() as u64;
         let channel = wire::is_channel_answer(&answer.bytes, answer.fd_count());
@@ -392,27 +472,36 @@ impl Owner {
             .await
             .is_err()
         {
-            return Outcome::ClientGone;
+            return (Outcome::ClientGone, channel);
         }
         if !channel {
-            return Outcome::Answered(format!(
-                "the daemon answered {} with {} descriptor(s)",
-                wire::show(&answer.bytes),
-                answer.fd_count()
-            ));
+            return (
+                Outcome::Answered(format!(
+                    "the daemon answered {} with {} descriptor(s)",
+                    wire::show(&answer.bytes),
+                    answer.fd_count()
+                )),
+                false,
+            );
         }
         drop(answer);
-        let acked =
-            match tokio::time::timeout(self.timings.ack_timeout, seqpacket::recv_message(client)).await {
-                Ok(Ok(Some(ack))) => {
-                    // Descriptors from a client are never passed to the daemon.
-                    seqpacket::send_message(&upstream, &ack.bytes, &[], Some(credentials))
-                        .await
-                        .is_ok()
-                }
-                _ => false,
-            };
-        Outcome::Admitted { answer_ms, acked }
+        let acked = match tokio::time::timeout(self.timings.ack_timeout, seqpacket::recv_message(client))
+            .await
+        {
+            // Only the acknowledgement measured (four zero bytes, no descriptors) is passed
+            // on: anything else from the client never reaches the daemon.
+            Ok(Ok(Some(ack))) if ack.bytes == wire::CLIENT_ACK && ack.fd_count() == 0 => {
+                seqpacket::send_message(&upstream, &ack.bytes, &[], Some(credentials))
+                    .await
+                    .is_ok()
+            }
+            Ok(Ok(Some(other))) => {
+                warn!(daemon = %self.name, client_pid = credentials.pid(), message = %wire::show(&other.bytes), descriptors = other.fd_count(), "gate: the client's acknowledgement is not the one measured; not passed on");
+                false
+            }
+            _ => false,
+        };
+        (Outcome::Admitted { answer_ms, acked }, true)
     }
 }
 
@@ -448,6 +537,7 @@ mod tests {
             }),
             client: seqpacket::watch(a).unwrap(),
             credentials: UnixCredentials::new(),
+            blocked: Arc::default(),
             done,
         };
         (job, rx)

@@ -96,8 +96,12 @@ pub struct GateTarget {
     /// The container's limits: memory is the total of its CUDA processes.
     pub limits: Limits,
     pub cuda_processes: u32,
-    /// Policy `exact`: the gate sets the server's limits to each process's share.
-    pub sets_limits: bool,
+    /// The limits the server must hold when one of the container's processes gets its channel:
+    /// under `exact` each process's share, under `uniform` the same (every lease of the GPU has
+    /// it), under `ceiling` the ceiling. The daemon's owner sets them whenever the server holds
+    /// others or was started again since (a restarted daemon starts from its defaults), so no
+    /// client ever reaches a server without them. `None`: the gate leaves them alone.
+    pub server_class: Option<Limits>,
     /// The container's processes already on the server when the gate opens (a restarted
     /// manager finds them among the server's clients): they count against `cuda_processes`.
     pub running: Vec<ProcessIdentity>,
@@ -109,8 +113,7 @@ impl GateTarget {
     /// The limits the server must hold for each of the container's processes, if the gate
     /// sets them.
     pub fn class(&self) -> Option<Limits> {
-        self.sets_limits
-            .then(|| self.limits.per_process(self.cuda_processes))
+        self.server_class
     }
 }
 
@@ -134,7 +137,9 @@ struct GateState {
     waiting_logged: AtomicBool,
     /// Set when a process of this container left its GPU's MPS server stuck: every request of
     /// the container is refused from then on (it must not do it again after the recovery).
-    blocked: StdMutex<Option<String>>,
+    /// Shared with the daemon's owner, which checks it again right before it serves a job
+    /// that was queued before the block.
+    blocked: Arc<StdMutex<Option<String>>>,
 }
 
 struct OpenGate {
@@ -236,7 +241,7 @@ impl Gates {
             last_refusal: StdMutex::new(String::new()),
             connections: AtomicU32::new(0),
             waiting_logged: AtomicBool::new(false),
-            blocked: StdMutex::new(None),
+            blocked: Arc::new(StdMutex::new(None)),
         });
         info!(container = %target.container, owner = %target.owner, daemon = %target.daemon, limits = %target.limits, cuda_processes = target.cuda_processes, running = ?target.running.iter().map(|p| p.pid).collect::<Vec<_>>(), class = ?target.class(), gate = %target.gate_dir.display(), socket = how, "gate open");
         let serving = Serving {
@@ -549,8 +554,7 @@ async fn serve_connection(stream: UnixStream, slot: Slot, serving: Serving) {
         refuse(&serving, client_pid, &request.describe());
         return;
     }
-    let blocked = lock(&serving.state.blocked).clone();
-    if let Some(reason) = blocked {
+    if let Some(reason) = lock(&serving.state.blocked).clone() {
         refuse(&serving, client_pid, &reason);
         return;
     }
@@ -583,20 +587,29 @@ async fn serve_connection(stream: UnixStream, slot: Slot, serving: Serving) {
             return;
         }
     }
-    let reserved = decision == Decision::Reserved;
+    // Every path that ends without a channel gives the request back to the budget.
+    let release = || lock(&serving.state.budget).release(process);
     let started = Instant::now();
     let mut client = client;
     let mut backoff = RETRY_FIRST;
     loop {
+        // Checked again at every attempt: a retrying client must not outlive a block.
+        if let Some(reason) = lock(&serving.state.blocked).clone() {
+            release();
+            refuse(&serving, client_pid, &reason);
+            return;
+        }
         let (done_tx, done_rx) = oneshot::channel();
         let job = Job {
             container: target.container.clone(),
             class: target.class(),
             client,
             credentials: peer,
+            blocked: serving.state.blocked.clone(),
             done: done_tx,
         };
         if serving.admission.submit(job).is_err() {
+            release();
             error!(container = %target.container, daemon = %target.daemon, "gate: the daemon's admission task is gone");
             return;
         }
@@ -607,6 +620,7 @@ async fn serve_connection(stream: UnixStream, slot: Slot, serving: Serving) {
             limits_set,
         }) = done_rx.await
         else {
+            release();
             return;
         };
         client = returned;
@@ -618,25 +632,24 @@ async fn serve_connection(stream: UnixStream, slot: Slot, serving: Serving) {
                 drop(slot);
                 return;
             }
+            Outcome::Blocked(reason) => {
+                release();
+                refuse(&serving, client_pid, &reason);
+                return;
+            }
             Outcome::Answered(what) => {
-                if reserved {
-                    lock(&serving.state.budget).release(process);
-                }
+                release();
                 warn!(container = %target.container, owner = %target.owner, client_pid, daemon = %target.daemon, "gate: the MPS daemon did not give the client a channel: {what}; passed on to the client");
                 return;
             }
             Outcome::ClientGone => {
-                if reserved {
-                    lock(&serving.state.budget).release(process);
-                }
+                release();
                 debug!(container = %target.container, client_pid, "gate: the client left before it was served");
                 return;
             }
             Outcome::Failed { why, .. } => {
                 if started.elapsed() + backoff > serving.timings.queue_timeout {
-                    if reserved {
-                        lock(&serving.state.budget).release(process);
-                    }
+                    release();
                     refuse(
                         &serving,
                         client_pid,
@@ -655,9 +668,7 @@ async fn serve_connection(stream: UnixStream, slot: Slot, serving: Serving) {
         tokio::select! {
             _ = tokio::time::sleep(backoff) => {}
             () = client_left(&client) => {
-                if reserved {
-                    lock(&serving.state.budget).release(process);
-                }
+                release();
                 info!(container = %target.container, client_pid, "gate: a waiting client left");
                 return;
             }

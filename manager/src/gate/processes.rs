@@ -122,7 +122,8 @@ impl ProcessBudget {
         if let Some(c) = self.counted.iter_mut().find(|c| c.who == who) {
             c.pending = c.pending.saturating_sub(1);
         }
-        self.counted.retain(|c| c.who != who || c.confirmed || c.pending > 0);
+        self.counted
+            .retain(|c| c.who != who || c.confirmed || c.pending > 0);
     }
 
     /// The pids of the processes with a channel, alive now.
@@ -177,7 +178,10 @@ mod tests {
         assert_eq!(b.decide(p(1), all), Decision::Reserved);
         assert_eq!(b.decide(p(1), all), Decision::Known);
         b.release(p(1));
-        assert!(matches!(b.decide(p(2), all), Decision::OverBudget { .. }), "request b is in flight");
+        assert!(
+            matches!(b.decide(p(2), all), Decision::OverBudget { .. }),
+            "request b is in flight"
+        );
         b.confirm(p(1));
         assert!(matches!(b.decide(p(2), all), Decision::OverBudget { .. }));
         assert_eq!(b.admitted(all), vec![1]);
