@@ -11,6 +11,7 @@ use std::io::{IoSlice, IoSliceMut};
 use std::os::fd::{AsRawFd, RawFd};
 use std::os::unix::net::UnixStream;
 use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -74,6 +75,9 @@ struct Daemon {
     pipe: PathBuf,
     seen: Arc<Mutex<Vec<Seen>>>,
     connections: Arc<Mutex<u32>>,
+    /// While set, the daemon takes connections and says nothing: what a stuck server looks
+    /// like from the gate (docs/gpu-results.md section 7).
+    mute: Arc<AtomicBool>,
 }
 
 fn start_daemon(pipe: &Path, limits: Arc<Mutex<ServerLimits>>) -> Daemon {
@@ -83,11 +87,17 @@ fn start_daemon(pipe: &Path, limits: Arc<Mutex<ServerLimits>>) -> Daemon {
     listener.set_nonblocking(false).unwrap();
     let seen = Arc::new(Mutex::new(Vec::new()));
     let connections = Arc::new(Mutex::new(0));
-    let (s, c) = (seen.clone(), connections.clone());
+    let mute = Arc::new(AtomicBool::new(false));
+    let (s, c, m) = (seen.clone(), connections.clone(), mute.clone());
     std::thread::spawn(move || {
+        let mut unanswered = Vec::new();
         for stream in listener.incoming() {
             let Ok(stream) = stream else { return };
             *c.lock().unwrap() += 1;
+            if m.load(Ordering::SeqCst) {
+                unanswered.push(stream);
+                continue;
+            }
             stream.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
             send(&stream, wire::HELLO, None);
             let Some((first, creds, _)) = recv(&stream) else {
@@ -113,6 +123,7 @@ fn start_daemon(pipe: &Path, limits: Arc<Mutex<ServerLimits>>) -> Daemon {
         pipe: pipe.to_path_buf(),
         seen,
         connections,
+        mute,
     }
 }
 
@@ -203,15 +214,22 @@ struct Node {
 }
 
 fn node(per_container: u32) -> Node {
+    node_with(
+        per_container,
+        GateTimings {
+            handshake_timeout: Duration::from_secs(5),
+            queue_timeout: Duration::from_secs(5),
+        },
+    )
+}
+
+fn node_with(per_container: u32, timings: GateTimings) -> Node {
     let dir = tempfile::tempdir().unwrap();
     let control = StubControl::default();
     let daemon = start_daemon(&dir.path().join("pipe"), control.limits.clone());
     let gates = Gates::new(
         Arc::new(control),
-        GateTimings {
-            handshake_timeout: Duration::from_secs(5),
-            queue_timeout: Duration::from_secs(5),
-        },
+        timings,
         GateBounds {
             per_container,
             node: 4096,
@@ -389,4 +407,54 @@ async fn a_closed_gate_removes_its_dir_and_stops_answering() {
     assert!(n.gates.close(&id, &gate));
     assert!(!gate.exists());
     assert!(n.gates.view(&id).is_none());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stuck_daemon_is_reported_once_naming_the_last_channel_and_a_blocked_container_is_refused() {
+    let n = node_with(
+        4,
+        GateTimings {
+            handshake_timeout: Duration::from_millis(300),
+            queue_timeout: Duration::from_secs(4),
+        },
+    );
+    let bad = n.open("bad", 4, 25, 1);
+    let victim = n.open("victim", 8, 50, 1);
+    let b = bad.clone();
+    assert!(blocking(move || cuda_client(&b)).await);
+    n.daemon.mute.store(true, Ordering::SeqCst);
+    // The victim's request times out again and again (four times in its 4 s), then it is
+    // refused cleanly.
+    let v = victim.clone();
+    let got = blocking(move || request(&v, wire::KIND_CUDA_CLIENT, true)).await;
+    assert_eq!(got, None, "refused after its queue timeout");
+    let reports = n.gates.take_wedge_reports();
+    assert_eq!(reports.len(), 1, "one report per stuck daemon: {reports:?}");
+    let (suspect, pid) = reports[0].suspect.clone().expect("a suspect");
+    assert_eq!(suspect.as_str(), "bad");
+    assert_eq!(pid, std::process::id() as i32);
+
+    let bad_id = ContainerId::parse("bad").unwrap();
+    assert!(n.gates.block(&bad_id, "left its server stuck"));
+    n.daemon.mute.store(false, Ordering::SeqCst);
+    let before = *n.daemon.connections.lock().unwrap();
+    let b = bad.clone();
+    assert_eq!(
+        blocking(move || request(&b, wire::KIND_CUDA_CLIENT, true)).await,
+        None,
+        "a blocked container is refused"
+    );
+    assert_eq!(
+        *n.daemon.connections.lock().unwrap(),
+        before,
+        "never reaches the daemon"
+    );
+    let v = victim.clone();
+    assert!(blocking(move || cuda_client(&v)).await, "the others go on");
+    let view = n.gates.view(&bad_id).unwrap();
+    assert!(
+        view.last_refusal.contains("left its server stuck"),
+        "{}",
+        view.last_refusal
+    );
 }
