@@ -36,9 +36,13 @@ impl LogCursor {
         }
     }
 
-    /// The text appended since the last read; a file that shrank (a new daemon, a new log) is
-    /// read from its start.
+    /// The complete lines appended since the last read; a file that shrank (a new daemon, a new
+    /// log) is read from its start.
     pub fn read_new(&mut self, path: &Path) -> String {
+        self.read_new_at_most(path, READ_CAP)
+    }
+
+    fn read_new_at_most(&mut self, path: &Path, cap: usize) -> String {
         let Ok(mut file) = std::fs::File::open(path) else {
             return String::new();
         };
@@ -46,13 +50,28 @@ impl LogCursor {
         if len < self.offset {
             self.offset = 0;
         }
-        let mut text = String::new();
+        let mut chunk = Vec::new();
         if file.seek(SeekFrom::Start(self.offset)).is_ok() {
-            // Cap one read: a flood of log lines must not stall the reconciler.
-            let _ = file.by_ref().take(1 << 20).read_to_string(&mut text);
+            let _ = file.by_ref().take(cap as u64).read_to_end(&mut chunk);
         }
-        self.offset += text.len() as u64;
-        text
+        let taken = complete_lines(&chunk, chunk.len() >= cap);
+        self.offset += taken as u64;
+        // Lossy: one byte that is not UTF-8 must not stop the cursor for good.
+        String::from_utf8_lossy(&chunk[..taken]).into_owned()
+    }
+}
+
+/// Longest one read takes: a flood of log lines must not stall the reconciler.
+const READ_CAP: usize = 1 << 20;
+
+/// How much of a chunk read from the cursor to take: up to its last newline, so a line MPS is
+/// still writing (or one cut by the cap) is read whole next time. A full chunk without any
+/// newline is one line longer than the cap: it is taken whole, or the cursor would never move.
+fn complete_lines(chunk: &[u8], full: bool) -> usize {
+    match chunk.iter().rposition(|b| *b == b'\n') {
+        Some(last) => last + 1,
+        None if full => chunk.len(),
+        None => 0,
     }
 }
 
@@ -88,5 +107,42 @@ mod tests {
             "new daemon\n",
             "a shorter file is read from its start"
         );
+    }
+
+    #[test]
+    fn a_byte_that_is_not_utf8_does_not_stop_the_cursor() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("server.log");
+        let mut bytes = b"[..] garbled \xff\xfe line\n".to_vec();
+        bytes.extend_from_slice(LOG.as_bytes());
+        std::fs::write(&path, &bytes).unwrap();
+        let mut cursor = LogCursor::default();
+        let text = cursor.read_new(&path);
+        assert_eq!(fault_pids(&text), vec![16886], "{text}");
+        assert_eq!(cursor.offset, bytes.len() as u64);
+    }
+
+    #[test]
+    fn a_line_cut_by_the_cap_or_still_being_written_is_read_whole_next_time() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("server.log");
+        let first = LOG.lines().next().unwrap();
+        // A line still being written: nothing is taken yet.
+        std::fs::write(&path, &first[..40]).unwrap();
+        let mut cursor = LogCursor::default();
+        assert_eq!(cursor.read_new(&path), "");
+        std::fs::write(&path, format!("{first}\n")).unwrap();
+        assert_eq!(fault_pids(&cursor.read_new(&path)), vec![16886]);
+        // A cap that cuts the second line: it comes whole with the next read.
+        let text = format!("short\n{first}\n");
+        std::fs::write(&path, &text).unwrap();
+        let mut cursor = LogCursor::default();
+        assert_eq!(cursor.read_new_at_most(&path, 20), "short\n");
+        assert_eq!(fault_pids(&cursor.read_new_at_most(&path, 4096)), vec![16886]);
+        // One line longer than the cap is skipped, not read forever.
+        std::fs::write(&path, "x".repeat(64)).unwrap();
+        let mut cursor = LogCursor::default();
+        assert_eq!(cursor.read_new_at_most(&path, 16).len(), 16);
+        assert_eq!(cursor.offset, 16);
     }
 }
