@@ -323,7 +323,11 @@ impl ManagerCore {
         };
         // Before the lease is recorded: a container whose gate cannot open must not start (its
         // CUDA processes would find no control socket).
-        self.gates.open(self.gate_target(&gate_id, &lease), None)?;
+        self.gates
+            .open(self.gate_target(&gate_id, &lease), None)
+            .inspect_err(|e| {
+                error!(container = %req.container_id, namespace = %req.namespace, pod = %req.pod, error = %e, "lease failed: cannot open the container's gate")
+            })?;
         if let Some(d) = inner.state.daemons.get_mut(&dir) {
             d.idle_since_unix = None;
         }
