@@ -1,6 +1,8 @@
 //! The arguments the shim writes into a container's hooks and gpu-mps-hook reads back.
 //! One definition on both sides, so the two binaries cannot drift apart.
 
+use std::path::Path;
+
 use crate::limits::Limits;
 
 /// Hook stages gpu-mps-hook is installed at.
@@ -46,12 +48,14 @@ impl AcquireArgs {
     }
 }
 
-/// `args` of the poststop hook.
-pub fn release_hook_args(socket: &str, timeout_seconds: u64) -> Vec<String> {
+/// `args` of the poststop hook; `gate_dir` is the container's gate dir (the hook asks the
+/// manager to release only a container whose gate was opened).
+pub fn release_hook_args(socket: &str, timeout_seconds: u64, gate_dir: &Path) -> Vec<String> {
     vec![
         "gpu-mps-hook".into(),
         STAGE_POSTSTOP.into(),
         format!("--socket={socket}"),
         format!("--timeout-seconds={timeout_seconds}"),
+        format!("--gate-dir={}", gate_dir.display()),
     ]
 }

@@ -15,6 +15,11 @@ use crate::limits::{self, LimitError, Limits, MAX_CUDA_PROCESSES};
 use crate::maxima::Maxima;
 
 pub const DEFAULT_CONFIG_PATH: &str = "/etc/gpu-mps/config.toml";
+/// The socket in a gate dir: the name MPS gives its control socket, which CUDA clients look
+/// for in their pipe dir. A gate dir without it has no lease (the manager opens the gate before
+/// it records the lease).
+pub const GATE_SOCKET: &str = "control";
+
 /// Environment variable that points the shim, manager and CLI at another config file.
 pub const CONFIG_ENV: &str = "GPU_MPS_CONFIG";
 /// The MPS limit on client contexts per GPU on Volta and newer up to CUDA 13.0.
@@ -562,9 +567,9 @@ impl NodeConfig {
         self.daemon_dir(key).join("log")
     }
 
-    /// Under policy `exact`: the container's own pipe dir, which holds only the `control`
-    /// socket the manager serves for it (its connect gate). The shim creates it, the manager
-    /// fills it at Acquire and removes it at Release.
+    /// The container's own pipe dir (under every policy), which holds only the [`GATE_SOCKET`]
+    /// the manager serves for it (its connect gate). The shim creates it, the manager fills it
+    /// at Acquire (before the lease is recorded) and removes it at Release.
     pub fn gate_dir(&self, container_id: &crate::ContainerId) -> PathBuf {
         self.gates_root().join(container_id.gate_name())
     }

@@ -4,15 +4,19 @@
 //! on demand and sets the pod's limits on its server). A refusal fails the container create
 //! with ONE line on stderr, which runc passes up to containerd and the CRI caller.
 //! poststop: release the lease. Never fails: a delete must go through, and the manager drops
-//! leases of dead containers on its own.
+//! leases of dead containers on its own. A container whose gate was never opened (its create
+//! failed before the manager leased it, e.g. with the manager down) holds no lease: its empty
+//! gate dir is removed and the manager is not asked, so a down manager costs a create one hook
+//! timeout, not two.
 
 use std::io::Read;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 use std::time::Duration;
 
 use clap::{Parser, Subcommand};
 use gpu_mps_api::client::{ClientError, ManagerConnection};
+use gpu_mps_api::node_config::GATE_SOCKET;
 use gpu_mps_api::proto;
 use thiserror::Error;
 
@@ -59,6 +63,9 @@ enum Stage {
     Poststop {
         #[command(flatten)]
         common: Common,
+        /// The container's gate dir; without its socket no lease was made.
+        #[arg(long)]
+        gate_dir: Option<PathBuf>,
     },
 }
 
@@ -153,13 +160,31 @@ fn run(args: Args) -> Result<(), HookError> {
             conn.acquire(&req)?;
             Ok(())
         }
-        Stage::Poststop { common } => {
-            let state = read_state()?;
-            let conn =
-                ManagerConnection::connect(&common.socket, Duration::from_secs(common.timeout_seconds))?;
-            conn.release(&state.id)?;
-            Ok(())
-        }
+        Stage::Poststop { common, gate_dir } => release(&common, gate_dir.as_deref(), &read_state()?.id),
+    }
+}
+
+/// Releases the container's lease, if it got one.
+fn release(common: &Common, gate_dir: Option<&Path>, container_id: &str) -> Result<(), HookError> {
+    if let Some(gate_dir) = gate_dir.filter(|dir| !dir.join(GATE_SOCKET).exists()) {
+        remove_unused_gate_dir(gate_dir);
+        return Ok(());
+    }
+    let conn = ManagerConnection::connect(&common.socket, Duration::from_secs(common.timeout_seconds))?;
+    conn.release(container_id)?;
+    Ok(())
+}
+
+/// Removes a gate dir the manager never served: only while it is empty, so nothing the manager
+/// put there is ever removed from under it.
+fn remove_unused_gate_dir(dir: &Path) {
+    match std::fs::remove_dir(dir) {
+        Ok(()) => {}
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+        Err(e) => eprintln!(
+            "gpu-mps: warning: the unused gate dir {} stays: {e}",
+            dir.display()
+        ),
     }
 }
 
@@ -230,8 +255,55 @@ mod tests {
             }
             other => panic!("{other:?}"),
         }
-        let parsed = Args::try_parse_from(release_hook_args("/run/x/manager.sock", 3)).unwrap();
-        assert!(matches!(parsed.stage, Stage::Poststop { .. }));
+        let parsed = Args::try_parse_from(release_hook_args(
+            "/run/x/manager.sock",
+            3,
+            Path::new("/run/x/gates/abc"),
+        ))
+        .unwrap();
+        match parsed.stage {
+            Stage::Poststop { common, gate_dir } => {
+                assert_eq!(common.timeout_seconds, 3);
+                assert_eq!(gate_dir, Some(PathBuf::from("/run/x/gates/abc")));
+            }
+            other => panic!("{other:?}"),
+        }
+    }
+
+    #[test]
+    fn a_container_whose_gate_never_opened_is_released_without_the_manager() {
+        let dir = tempfile::tempdir().unwrap();
+        let patient = Common {
+            socket: dir.path().join("down.sock"),
+            timeout_seconds: 60,
+        };
+        let gate = dir.path().join("gates").join("abc");
+        std::fs::create_dir_all(&gate).unwrap();
+        let start = std::time::Instant::now();
+        release(&patient, Some(&gate), "abc").unwrap();
+        assert!(
+            start.elapsed() < Duration::from_secs(30),
+            "the down manager was not waited for"
+        );
+        assert!(!gate.exists(), "the empty gate dir is removed");
+        // A gate the manager opened: the manager is asked (here it is down, so that fails).
+        let common = Common {
+            socket: dir.path().join("down.sock"),
+            timeout_seconds: 1,
+        };
+        std::fs::create_dir_all(&gate).unwrap();
+        std::fs::write(gate.join(GATE_SOCKET), "").unwrap();
+        let err = release(&common, Some(&gate), "abc").unwrap_err();
+        assert!(err.to_string().contains("down.sock"), "{err}");
+        assert!(
+            gate.join(GATE_SOCKET).exists(),
+            "a served gate dir is left to the manager"
+        );
+        // Not empty: left as it is.
+        std::fs::remove_file(gate.join(GATE_SOCKET)).unwrap();
+        std::fs::write(gate.join("other"), "").unwrap();
+        release(&common, Some(&gate), "abc").unwrap();
+        assert!(gate.join("other").exists());
     }
 
     #[test]

@@ -20,7 +20,7 @@ use tokio::process::Command;
 /// File the control daemon writes its pid to, inside its pipe dir.
 pub const PID_FILE: &str = "nvidia-cuda-mps-control.pid";
 /// The socket clients connect to, inside the pipe dir.
-pub const CONTROL_SOCKET: &str = "control";
+pub const CONTROL_SOCKET: &str = gpu_mps_api::node_config::GATE_SOCKET;
 
 #[derive(Debug, Error)]
 pub enum ControlError {

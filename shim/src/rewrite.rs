@@ -96,7 +96,7 @@ fn rewrite_in_place(
     let socket = config.manager_socket().display().to_string();
     let poststop = hook(
         &config.hook_path,
-        release_hook_args(&socket, config.hook_timeout_seconds),
+        release_hook_args(&socket, config.hook_timeout_seconds, &request.client_pipe_dir),
         hook_timeout,
     )?;
 
@@ -304,7 +304,11 @@ mod tests {
         );
         assert_eq!(
             s["hooks"]["poststop"][0]["args"],
-            json!(release_hook_args("/run/gpu-mps/manager.sock", 10))
+            json!(release_hook_args(
+                "/run/gpu-mps/manager.sock",
+                10,
+                Path::new("/run/gpu-mps/gates/0123456789abcdef")
+            ))
         );
         assert_eq!(s["annotations"][DAEMON], UUID);
         assert_eq!(s["annotations"][LIMITS], "4Gi/25%");

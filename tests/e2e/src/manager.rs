@@ -340,6 +340,20 @@ impl Manager {
         &self.inventory.gpus[index].uuid
     }
 
+    /// The gate dirs of the node's containers, by name.
+    pub fn gate_dir_names(&self) -> Vec<String> {
+        let mut names: Vec<String> = std::fs::read_dir(self.config.gates_root())
+            .map(|entries| {
+                entries
+                    .flatten()
+                    .map(|e| e.file_name().to_string_lossy().into_owned())
+                    .collect()
+            })
+            .unwrap_or_default();
+        names.sort();
+        names
+    }
+
     /// The host dir a container sees at /tmp/nvidia-mps: its gate dir, under every policy.
     pub fn gate_dir(&self, container_id: &str) -> PathBuf {
         match gpu_mps_api::ContainerId::parse(container_id) {

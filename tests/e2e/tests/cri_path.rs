@@ -33,6 +33,7 @@ per_suite!(
     exact_holds_each_container_to_its_own_limits,
     exact_a_stalled_client_holds_nobody,
     exact_gates_come_back_after_a_manager_restart,
+    a_create_with_the_manager_down_fails_within_one_hook_timeout_and_leaves_nothing,
 );
 
 const GIB: u64 = 1 << 30;
@@ -430,6 +431,44 @@ async fn bad_requests_fail_with_their_message(suite: Suite) -> Result<()> {
     for pod in pods.iter().chain([&bad]) {
         cri.delete_pod(pod).await?;
     }
+    Ok(())
+}
+
+/// With no manager running, a GPU container's create fails with the hook's one line, after one
+/// hook timeout (the createRuntime hook waits for a manager that may be restarting), not two:
+/// the poststop hook sees that no gate was opened, so there is no lease to release and it does
+/// not wait for the manager. The gate dir the shim made is gone.
+async fn a_create_with_the_manager_down_fails_within_one_hook_timeout_and_leaves_nothing(
+    suite: Suite,
+) -> Result<()> {
+    let mut node = GpuNode::start(&suite, LimitsConfig::exact()).await?;
+    let mut cri = node.cri().await?;
+    let gpu = node.gpu_uuid(0).to_string();
+    let pod = cri
+        .run_pod_sandbox(&gpu_pod("orphan", "default").gpu_limits("4Gi", 25))
+        .await?;
+    let before = node.manager.gate_dir_names();
+    node.manager.kill();
+    let started = std::time::Instant::now();
+    let result = create_and_start(&mut cri, &pod, &client_container("infer", &gpu)).await;
+    let took = started.elapsed();
+    expect_refusal(result, &["cannot reach gpu-mps-manager"])?;
+    println!(
+        "create with the manager down failed after {:.1} s (hook timeout 10 s)",
+        took.as_secs_f64()
+    );
+    // One hook timeout (10 s here) and the containerd/runc work around it; two were 20 s.
+    ensure!(
+        took < Duration::from_secs(17),
+        "the create took {took:?}: more than one hook timeout"
+    );
+    let after = node.manager.gate_dir_names();
+    ensure!(
+        after == before,
+        "gate dirs before {before:?}, after the failed create {after:?}"
+    );
+    node.manager.start_again().await?;
+    cri.delete_pod(&pod).await?;
     Ok(())
 }
 
