@@ -103,6 +103,17 @@ pub enum RegistrationError {
     Containerd { binary: PathBuf, message: String },
     #[error("containerd's effective config (from {config}): {message}")]
     NotInEffect { config: PathBuf, message: String },
+    #[error("{cause}; every file was put back as it was ({files})")]
+    RolledBack {
+        cause: Box<RegistrationError>,
+        files: String,
+    },
+    #[error("{cause}; putting the files back failed too: {rollback}; the main config's backups: {backups}")]
+    RollbackFailed {
+        cause: Box<RegistrationError>,
+        rollback: Box<RegistrationError>,
+        backups: String,
+    },
 }
 
 /// The `version` of a containerd config file.
@@ -1246,36 +1257,107 @@ fn read_optional(path: &Path) -> Result<Option<String>, RegistrationError> {
 
 /// Makes the changes in order: each write goes to a temporary file in the same directory, is
 /// synced and renamed over the target (keeping the target's mode); a main config that existed is
-/// first copied to `<name>.gpu-mps-backup.<unix seconds>`. Returns the backups made.
-pub fn apply(plan: &InstallPlan) -> Result<Vec<PathBuf>, RegistrationError> {
-    let mut backups = Vec::new();
-    for change in &plan.changes {
-        match change {
-            FileChange::Write {
-                path,
-                previous,
-                contents,
-                backup,
-            } => {
-                if *backup && previous.is_some() {
-                    backups.push(back_up(path)?);
-                }
-                write_atomic(path, contents)?;
-            }
-            FileChange::Remove { path, .. } => match fs::remove_file(path) {
-                Ok(()) => {}
-                Err(e) if e.kind() == io::ErrorKind::NotFound => {}
-                Err(source) => {
-                    return Err(RegistrationError::Io {
-                        path: path.clone(),
-                        action: "remove",
-                        source,
-                    });
-                }
-            },
+/// first copied to `<name>.gpu-mps-backup.<unix seconds>`. Returns the backups made. A change
+/// that fails puts the files changed before it back as they were.
+pub fn apply(plan: &InstallPlan) -> Result<Applied, RegistrationError> {
+    let mut applied = Applied::default();
+    for (done, change) in plan.changes.iter().enumerate() {
+        if let Err(e) = apply_one(change, &mut applied) {
+            return Err(roll_back(&plan.changes[..done], &applied, e));
         }
     }
-    Ok(backups)
+    Ok(applied)
+}
+
+/// What [`apply`] made besides the changes themselves, for a roll back.
+#[derive(Debug, Clone, Default)]
+pub struct Applied {
+    /// Copies of the main config made before it was changed.
+    pub backups: Vec<PathBuf>,
+    /// Directories created for a new file (conf.d).
+    created_dirs: Vec<PathBuf>,
+}
+
+fn apply_one(change: &FileChange, applied: &mut Applied) -> Result<(), RegistrationError> {
+    match change {
+        FileChange::Write {
+            path,
+            previous,
+            contents,
+            backup,
+        } => {
+            if *backup && previous.is_some() {
+                applied.backups.push(back_up(path)?);
+            }
+            if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty() && !d.exists()) {
+                applied.created_dirs.push(dir.to_path_buf());
+            }
+            write_atomic(path, contents)
+        }
+        FileChange::Remove { path, .. } => remove_if_present(path),
+    }
+}
+
+fn remove_if_present(path: &Path) -> Result<(), RegistrationError> {
+    match fs::remove_file(path) {
+        Ok(()) => Ok(()),
+        Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(()),
+        Err(source) => Err(RegistrationError::Io {
+            path: path.into(),
+            action: "remove",
+            source,
+        }),
+    }
+}
+
+/// Undoes `applied` (newest first): each file gets its previous text back, byte for byte, or is
+/// removed if it did not exist; the backups go too, since nothing changed. Returns `cause`,
+/// saying what was put back or, if that failed, where the backups are.
+fn roll_back(changes: &[FileChange], applied: &Applied, cause: RegistrationError) -> RegistrationError {
+    let backups = &applied.backups;
+    let undone = changes.iter().rev().try_for_each(|change| match change {
+        FileChange::Write {
+            path,
+            previous: Some(previous),
+            ..
+        }
+        | FileChange::Remove { path, previous } => write_atomic(path, previous),
+        FileChange::Write {
+            path, previous: None, ..
+        } => remove_if_present(path),
+    });
+    match undone {
+        Ok(()) => {
+            for backup in backups {
+                let _ = fs::remove_file(backup);
+            }
+            // Only while empty: a directory that held anything else stays.
+            for dir in applied.created_dirs.iter().rev() {
+                let _ = fs::remove_dir(dir);
+            }
+            let files: Vec<String> = changes.iter().map(|c| c.path().display().to_string()).collect();
+            if files.is_empty() {
+                return cause;
+            }
+            RegistrationError::RolledBack {
+                cause: Box::new(cause),
+                files: files.join(", "),
+            }
+        }
+        Err(rollback) => RegistrationError::RollbackFailed {
+            cause: Box::new(cause),
+            rollback: Box::new(rollback),
+            backups: if backups.is_empty() {
+                "none".into()
+            } else {
+                backups
+                    .iter()
+                    .map(|b| b.display().to_string())
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            },
+        },
+    }
 }
 
 fn back_up(path: &Path) -> Result<PathBuf, RegistrationError> {
@@ -1443,10 +1525,16 @@ pub fn install(
             warnings,
         });
     }
-    let backups = apply(&plan)?;
+    let applied = apply(&plan)?;
     let verified = match containerd {
         Some(binary) => {
-            warnings.extend(check_effective(&dump_config(&opts, binary)?, &opts)?);
+            // containerd must read the new files and have the runtime in effect; otherwise they
+            // are put back, so that a failed install never leaves containerd a config it cannot
+            // start with.
+            match dump_config(&opts, binary).and_then(|dump| check_effective(&dump, &opts)) {
+                Ok(notes) => warnings.extend(notes),
+                Err(e) => return Err(roll_back(&plan.changes, &applied, e)),
+            }
             true
         }
         None => {
@@ -1458,7 +1546,7 @@ pub fn install(
     };
     Ok(Outcome {
         plan,
-        backups,
+        backups: applied.backups,
         verified,
         warnings,
     })
@@ -1480,12 +1568,14 @@ pub fn uninstall(
             warnings: Vec::new(),
         });
     }
-    let backups = apply(&plan)?;
+    let applied = apply(&plan)?;
     let mut warnings = Vec::new();
     let mut verified = false;
     if let Some(binary) = containerd {
         if opts.on_host(&opts.main_config).exists() {
-            check_removed(&dump_config(opts, binary)?, opts)?;
+            if let Err(e) = dump_config(opts, binary).and_then(|dump| check_removed(&dump, opts)) {
+                return Err(roll_back(&plan.changes, &applied, e));
+            }
             verified = true;
         }
     } else {
@@ -1495,7 +1585,7 @@ pub fn uninstall(
     }
     Ok(Outcome {
         plan,
-        backups,
+        backups: applied.backups,
         verified,
         warnings,
     })

@@ -256,6 +256,62 @@ fn install_and_uninstall_on_each_containerd() {
     }
 }
 
+/// A config containerd cannot read once gpu-mps' entry is in (here: an import it cannot parse,
+/// which gpu-mps does not read) makes install and uninstall fail with containerd's reason and
+/// leaves every file as it was, byte for byte, with no backup or drop-in left behind.
+#[test]
+fn a_config_containerd_cannot_read_is_left_as_it_was() {
+    for (suite, _) in SUITES {
+        let binary = containerd(suite);
+        let dir = tempfile::tempdir().expect("tempdir");
+        let main = dir.path().join("config.toml");
+        let drop_in = dir.path().join("conf.d/gpu-mps.toml");
+        let broken = dir.path().join("broken.toml");
+        fs::write(&broken, "this is = = not toml\n").expect("broken");
+        let main_text = format!(
+            "version = 2\nimports = [{:?}]\n\n# kept byte for byte\n[plugins.\"io.containerd.grpc.v1.cri\"]\n  sandbox_image = \"example.invalid/pause:1\"\n",
+            broken.display().to_string()
+        );
+        fs::write(&main, &main_text).expect("main");
+        let listing = || {
+            let mut names: Vec<String> = walk(dir.path());
+            names.sort();
+            names
+        };
+        let before = listing();
+        let opts = InstallOptions {
+            main_config: main.clone(),
+            drop_in: drop_in.clone(),
+            ..InstallOptions::default()
+        };
+        let err = reg::install(&opts, Some(&binary), false).expect_err("containerd cannot read it");
+        let message = err.to_string();
+        assert!(message.contains("put back as it was"), "{suite}: {message}");
+        assert_eq!(fs::read_to_string(&main).expect("main"), main_text, "{suite}");
+        assert_eq!(listing(), before, "{suite}: {message}");
+        println!("{suite}: install refused: {message}");
+    }
+}
+
+/// Every file and directory under `dir`, as a path relative to it (directories end in `/`).
+fn walk(dir: &Path) -> Vec<String> {
+    let mut out = Vec::new();
+    for entry in fs::read_dir(dir).expect("read_dir").flatten() {
+        let path = entry.path();
+        if path.is_dir() {
+            out.push(format!("{}/", entry.file_name().to_string_lossy()));
+            out.extend(
+                walk(&path)
+                    .into_iter()
+                    .map(|p| format!("{}/{p}", entry.file_name().to_string_lossy())),
+            );
+        } else {
+            out.push(entry.file_name().to_string_lossy().into_owned());
+        }
+    }
+    out
+}
+
 /// What the design rests on: containerd 1.x replaces a whole plugin table with the one of an
 /// imported file; containerd 2.x merges key by key. If this changes, revisit the ADR.
 #[test]
