@@ -25,6 +25,7 @@
 
 pub mod daemon_admission;
 pub mod processes;
+pub mod refusal_log;
 pub mod seqpacket;
 pub mod wire;
 
@@ -132,6 +133,8 @@ struct GateState {
     budget: StdMutex<ProcessBudget>,
     refusals: AtomicU32,
     last_refusal: StdMutex<String>,
+    /// Folds a refusal repeated at once into a count, so a retrying process cannot flood the log.
+    refusal_log: StdMutex<refusal_log::RefusalLog>,
     connections: AtomicU32,
     /// A waiting client is logged once, not at every retry.
     waiting_logged: AtomicBool,
@@ -239,6 +242,7 @@ impl Gates {
             budget: StdMutex::new(budget),
             refusals: AtomicU32::new(0),
             last_refusal: StdMutex::new(String::new()),
+            refusal_log: StdMutex::new(refusal_log::RefusalLog::default()),
             connections: AtomicU32::new(0),
             waiting_logged: AtomicBool::new(false),
             blocked: Arc::new(StdMutex::new(None)),
@@ -704,8 +708,18 @@ async fn read_request(client: &AsyncFd<UnixStream>) -> std::io::Result<Option<Re
 fn refuse(serving: &Serving, client_pid: i32, why: &str) {
     let target = &serving.target;
     serving.state.refusals.fetch_add(1, Ordering::Relaxed);
-    *lock(&serving.state.last_refusal) = format!("pid {client_pid}: {why}");
-    warn!(container = %target.container, owner = %target.owner, client_pid, daemon = %target.daemon, "gate: refused {why}; closed after its request (the process gets an MPS connection error, never a direct context)");
+    let refusal = format!("pid {client_pid}: {why}");
+    let logged = lock(&serving.state.refusal_log).note(&refusal, Instant::now());
+    *lock(&serving.state.last_refusal) = refusal;
+    match logged {
+        Some(0) => {
+            warn!(container = %target.container, owner = %target.owner, client_pid, daemon = %target.daemon, "gate: refused {why}; closed after its request (the process gets an MPS connection error, never a direct context)")
+        }
+        Some(folded) => {
+            warn!(container = %target.container, owner = %target.owner, client_pid, daemon = %target.daemon, folded, "gate: refused {why}; closed after its request (the process gets an MPS connection error, never a direct context); {folded} refusal(s) repeating the one logged before were not logged")
+        }
+        None => debug!(container = %target.container, client_pid, "gate: refused again: {why}"),
+    }
 }
 
 /// Resolves once the client closed its connection (a waiting client sends nothing).
