@@ -19,6 +19,7 @@ use tracing::{error, info, warn};
 use crate::admission::{self, AdmissionPolicy, LeaseRequest, Refusal};
 use crate::compute_mode;
 use crate::fault_watch::{self, LogCursor};
+use crate::gate::daemon_admission::WedgeReport;
 use crate::gate::{self, GateBounds, GateError, GateTarget, GateTimings, Gates, ListenerStore};
 use crate::gpu_backend::{GpuBackend, GpuBackendError};
 use crate::lease::LeaseRecord;
@@ -88,6 +89,8 @@ struct Inner {
     compute_mode_drift: HashMap<String, String>,
     /// Leases whose container process was first seen gone, and when (unix seconds).
     lease_gone_since: HashMap<String, i64>,
+    /// Daemons found stuck outside a gate (at adoption): replaced at the next reconcile.
+    stuck_daemons: Vec<WedgeReport>,
 }
 
 pub struct ManagerCore {
@@ -187,7 +190,7 @@ impl ManagerCore {
         info!(path = %config.published_path().display(), digest = %published.digest, policy = %config.policy, "node config published for gpu-mps-shim");
 
         let mut state = State::load(&config.state_path())?;
-        adopt(&mut state, control.as_ref()).await;
+        let stuck_daemons = adopt(&mut state, control.as_ref()).await;
         if config.exclusive_process {
             let enforced = compute_mode::enforce_exclusive_process(
                 backend.as_ref(),
@@ -244,6 +247,7 @@ impl ManagerCore {
                 server_logs,
                 compute_mode_drift: HashMap::new(),
                 lease_gone_since: HashMap::new(),
+                stuck_daemons,
             }),
         })
     }
@@ -477,6 +481,12 @@ impl ManagerCore {
             warn!(daemon = %key, pid = identity.pid, "an MPS control daemon owns the pipe dir but does not answer; stopping it");
             identity.terminate(std::time::Duration::from_secs(2)).await;
         }
+        // A server left by a dead daemon would run on beside the new one, holding GPU memory
+        // and client slots for good; its clients already failed (measured).
+        let orphans = crate::mps_server_processes::kill_orphaned_servers(pipe_dir);
+        if !orphans.is_empty() {
+            warn!(daemon = %key, server_pids = ?orphans, "killed MPS servers whose control daemon is gone");
+        }
         remove_stale_daemon_files(pipe_dir);
         let started = std::time::Instant::now();
         let pid = self.control.start_daemon(key, pipe_dir, log_dir).await?;
@@ -576,7 +586,8 @@ impl ManagerCore {
             self.reassert_exclusive_process(&mut inner);
         }
         let mut changed = false;
-        for report in self.gates.take_wedge_reports() {
+        let stuck = std::mem::take(&mut inner.stuck_daemons);
+        for report in stuck.into_iter().chain(self.gates.take_wedge_reports()) {
             self.recover_stuck_server(&mut inner, &report, now);
             changed = true;
         }
@@ -678,12 +689,7 @@ impl ManagerCore {
     /// server's running clients as MPS's own fault handling would; the daemon is started again
     /// below, on this tick, for the leases; the container whose process got the last channel
     /// before it stopped answering is refused from now on, so that it cannot do it again.
-    fn recover_stuck_server(
-        &self,
-        inner: &mut Inner,
-        report: &gate::daemon_admission::WedgeReport,
-        now: i64,
-    ) {
+    fn recover_stuck_server(&self, inner: &mut Inner, report: &WedgeReport, now: i64) {
         let Some(dir) = inner
             .state
             .daemons
@@ -702,11 +708,17 @@ impl ManagerCore {
         // A dead daemon's pid may belong to another process by now: nothing is killed by it
         // (its servers went with it or were re-parented; the dead-daemon path starts it again).
         let daemon_alive = record.control.is_alive();
-        let servers = if daemon_alive {
+        let mut servers = if daemon_alive {
             crate::process_identity::children_of(record.control.pid)
         } else {
             Vec::new()
         };
+        // Its servers by their environment too: one whose daemon died is no child of anyone.
+        for server in crate::mps_server_processes::servers_of(&record.pipe_dir) {
+            if !servers.contains(&server.pid) {
+                servers.push(server.pid);
+            }
+        }
         let blamed = report.suspect.as_ref().map(|(container, pid)| {
             let reason = format!(
                 "its process {pid} took a channel to the MPS server of {} and left the server stuck (every new client waited); it is refused until it is restarted",
@@ -718,10 +730,7 @@ impl ManagerCore {
         error!(daemon = %report.daemon, control_pid = record.control.pid, server_pids = ?servers, blamed = ?blamed, leases = ?leases, detail = %report.detail, "the MPS server takes no new client (a channel taken and not used as a CUDA client leaves it stuck); killing the server and its daemon, which ends the server's running clients, and starting them again");
         let daemon = daemon_alive.then_some(record.control.pid);
         for pid in servers.iter().copied().chain(daemon) {
-            let _ = nix::sys::signal::kill(
-                nix::unistd::Pid::from_raw(pid as i32),
-                nix::sys::signal::Signal::SIGKILL,
-            );
+            crate::mps_server_processes::kill(pid);
         }
         record.faults += 1;
         record.last_fault_unix = Some(now);
@@ -1011,18 +1020,13 @@ async fn running_clients_by_container(
     found
 }
 
-/// After a manager restart: keep daemons whose control process still runs (same pid, same
-/// start time) and leases whose container still runs. Dead ones are dropped and logged.
-async fn adopt(state: &mut State, control: &dyn MpsControl) {
-    let daemons = std::mem::take(&mut state.daemons);
-    for (dir, record) in daemons {
-        if record.control.is_alive() && control.command(&record.pipe_dir, "get_server_list").await.is_ok() {
-            info!(daemon = %record.key, pid = record.control.pid, applied = ?record.applied, "adopted running MPS control daemon");
-            state.daemons.insert(dir, record);
-        } else {
-            warn!(daemon = %record.key, pid = record.control.pid, "MPS control daemon of the previous run is gone");
-        }
-    }
+/// After a manager restart: keep leases whose container still runs, and the daemons they or
+/// anything else still need. A daemon that runs but does not answer is kept and returned: its
+/// server is stuck (measured on the H200: a manager killed while it relayed a channel leaves
+/// one), and the first reconcile replaces it. A dead daemon is kept while leases use it, so
+/// the reconcile starts it again with their limits; without leases it is dropped, and a server
+/// it left behind is killed.
+async fn adopt(state: &mut State, control: &dyn MpsControl) -> Vec<WedgeReport> {
     let leases = std::mem::take(&mut state.leases);
     for (id, lease) in leases {
         if lease.process.is_none() || lease.container_alive() {
@@ -1032,10 +1036,38 @@ async fn adopt(state: &mut State, control: &dyn MpsControl) {
             warn!(container = %id, "container of a lease is gone; lease dropped");
         }
     }
+    let mut stuck = Vec::new();
+    let daemons = std::mem::take(&mut state.daemons);
+    for (dir, record) in daemons {
+        let leases = state.leases_of(&record.key).count();
+        if record.control.is_alive() {
+            match control.command(&record.pipe_dir, "get_server_list").await {
+                Ok(_) => {
+                    info!(daemon = %record.key, pid = record.control.pid, applied = ?record.applied, "adopted running MPS control daemon");
+                }
+                Err(e) => {
+                    error!(daemon = %record.key, pid = record.control.pid, leases, error = %e, "the MPS control daemon of the previous run runs but does not answer; its server is taken as stuck and replaced");
+                    stuck.push(WedgeReport {
+                        daemon: record.key.to_string(),
+                        suspect: None,
+                        detail: format!("no answer to get_server_list when the manager started: {e}"),
+                    });
+                }
+            }
+            state.daemons.insert(dir, record);
+        } else if leases > 0 {
+            warn!(daemon = %record.key, pid = record.control.pid, leases, "MPS control daemon of the previous run is gone; its leases' containers still run, so it is started again");
+            state.daemons.insert(dir, record);
+        } else {
+            let killed = crate::mps_server_processes::kill_orphaned_servers(&record.pipe_dir);
+            warn!(daemon = %record.key, pid = record.control.pid, killed_orphaned_servers = ?killed, "MPS control daemon of the previous run is gone");
+        }
+    }
     let keys: Vec<DaemonKey> = state.daemons.values().map(|d| d.key.clone()).collect();
     for key in keys {
         mark_idle_if_unused(state, &key);
     }
+    stuck
 }
 
 fn daemon_proto(d: &DaemonRecord, leases: usize) -> proto::Daemon {

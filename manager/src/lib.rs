@@ -12,6 +12,7 @@ pub mod gate_keeper;
 pub mod gpu_backend;
 pub mod lease;
 pub mod mps_control;
+pub mod mps_server_processes;
 pub mod node_guard;
 pub mod process_identity;
 pub mod server;

@@ -90,13 +90,14 @@ pub fn children_of(parent: u32) -> Vec<u32> {
     entries
         .flatten()
         .filter_map(|e| e.file_name().to_str()?.parse::<u32>().ok())
-        .filter(|pid| {
-            std::fs::read_to_string(format!("/proc/{pid}/stat"))
-                .ok()
-                .and_then(|stat| fields_after_comm(&stat)?.get(1)?.parse::<u32>().ok())
-                == Some(parent)
-        })
+        .filter(|pid| parent_of(*pid) == Some(parent))
         .collect()
+}
+
+/// The parent pid of a running process.
+pub fn parent_of(pid: u32) -> Option<u32> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    fields_after_comm(&stat)?.get(1)?.parse().ok()
 }
 
 /// True if a process with this pid runs (and is not a zombie).

@@ -33,6 +33,9 @@ struct FakeControl {
     daemons: Mutex<BTreeMap<PathBuf, FakeDaemon>>,
     log: Mutex<Vec<String>>,
     starts: Mutex<u32>,
+    /// Pipe dirs whose daemon runs but answers nothing (its server stuck): every command
+    /// times out, until a new daemon starts there.
+    silent: Mutex<Vec<PathBuf>>,
 }
 
 impl FakeControl {
@@ -73,6 +76,7 @@ impl MpsControl for FakeControl {
     ) -> Result<u32, ControlError> {
         let child = Command::new("sleep").arg("600").spawn().expect("spawn sleep");
         let pid = child.id();
+        self.silent.lock().unwrap().retain(|p| p != pipe_dir);
         std::fs::write(pipe_dir.join(mps_control::PID_FILE), pid.to_string()).unwrap();
         *self.starts.lock().unwrap() += 1;
         self.daemons.lock().unwrap().insert(
@@ -88,6 +92,13 @@ impl MpsControl for FakeControl {
 
     async fn command(&self, pipe_dir: &Path, command: &str) -> Result<String, ControlError> {
         self.log.lock().unwrap().push(command.to_string());
+        if self.silent.lock().unwrap().iter().any(|p| p == pipe_dir) {
+            return Err(ControlError::Timeout {
+                binary: "nvidia-cuda-mps-control".into(),
+                command: command.into(),
+                seconds: 4,
+            });
+        }
         let mut daemons = self.daemons.lock().unwrap();
         let Some(d) = daemons.get_mut(pipe_dir).filter(|d| d.child.is_some()) else {
             return Err(ControlError::NoDaemon {
@@ -417,6 +428,70 @@ async fn a_restarted_manager_adopts_daemons_and_leases_without_restarting_them()
             .any(|c| c.starts_with("set_"))
     );
     assert!(m2.acquire(request("c3", "GPU-0", 8, 25, "ns")).await.is_err());
+    container.kill().unwrap();
+    container.wait().unwrap();
+}
+
+/// Seen on the H200 (20 manager restarts under load): a daemon that runs but answers nothing
+/// was dropped as "gone" by the next manager, which then never replaced it; the running pods'
+/// new CUDA processes were refused for the rest of the run, and its server ran on for good.
+#[tokio::test]
+async fn a_restarted_manager_replaces_a_daemon_that_runs_but_does_not_answer() {
+    let e = env(LimitPolicy::Uniform, Tenancy::Shared);
+    let m = core(&e).await;
+    let mut container = Command::new("sleep").arg("600").spawn().unwrap();
+    let mut r = request("c1", "GPU-0", 4, 25, "ns");
+    r.pid = container.id();
+    m.acquire(r).await.unwrap();
+    let old = m.status().await.daemons[0].control_pid;
+    drop(m);
+    e.control
+        .silent
+        .lock()
+        .unwrap()
+        .push(e.config.pipe_dir(&DaemonKey::new(["GPU-0"])));
+
+    let m2 = core(&e).await;
+    let s = m2.status().await;
+    assert_eq!(s.daemons.len(), 1, "kept, not dropped as gone: {s:#?}");
+    assert_eq!(s.leases.len(), 1);
+    // The first tick kills it; a later one starts a new daemon with the lease's limits.
+    m2.reconcile(now_unix()).await;
+    for _ in 0..50 {
+        if !crate::process_identity::is_running(old) {
+            break;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+    }
+    m2.reconcile(now_unix()).await;
+    let s = m2.status().await;
+    assert_eq!(*e.control.starts.lock().unwrap(), 2, "a new daemon: {s:#?}");
+    assert_ne!(s.daemons[0].control_pid, old);
+    assert_eq!(s.daemons[0].faults, 1, "counted as a stuck server");
+    assert_eq!(s.daemons[0].active_thread_percentage, 25);
+    assert_eq!(s.leases.len(), 1);
+    container.kill().unwrap();
+    container.wait().unwrap();
+}
+
+#[tokio::test]
+async fn a_restarted_manager_starts_again_a_daemon_that_died_under_running_containers() {
+    let e = env(LimitPolicy::Uniform, Tenancy::Shared);
+    let m = core(&e).await;
+    let mut container = Command::new("sleep").arg("600").spawn().unwrap();
+    let mut r = request("c1", "GPU-0", 4, 25, "ns");
+    r.pid = container.id();
+    m.acquire(r).await.unwrap();
+    drop(m);
+    e.control.kill_all();
+
+    let m2 = core(&e).await;
+    assert_eq!(m2.status().await.leases.len(), 1);
+    m2.reconcile(now_unix()).await;
+    let s = m2.status().await;
+    assert_eq!(*e.control.starts.lock().unwrap(), 2, "started again: {s:#?}");
+    assert_eq!(s.daemons.len(), 1);
+    assert_eq!(s.daemons[0].active_thread_percentage, 25);
     container.kill().unwrap();
     container.wait().unwrap();
 }
