@@ -607,6 +607,8 @@ async fn a_daemon_that_dies_under_leases_is_restarted_with_their_limits() {
     let mut container = Command::new("sleep").arg("600").spawn().unwrap();
     let mut r = request("c1", "GPU-0", 4, 25, "ns");
     r.pid = container.id();
+    // Two processes: each gets half the container's memory, also from the restarted daemon.
+    r.cuda_processes = 2;
     m.acquire(r).await.unwrap();
     let first = m.status().await.daemons[0].control_pid;
     e.control.kill_all();
@@ -616,6 +618,11 @@ async fn a_daemon_that_dies_under_leases_is_restarted_with_their_limits() {
     assert_ne!(s.daemons[0].control_pid, first);
     assert_eq!(s.daemons[0].state, "running", "its lease still holds it");
     assert_eq!(s.daemons[0].active_thread_percentage, 25);
+    assert_eq!(
+        s.daemons[0].memory_limit_bytes,
+        2 * GIB,
+        "the per-process share, not the container's"
+    );
     assert_eq!(*e.control.starts.lock().unwrap(), 2);
     container.kill().unwrap();
     container.wait().unwrap();
