@@ -21,7 +21,9 @@ pub enum ClientError {
         seconds: u64,
         reason: String,
     },
-    #[error("gpu-mps-manager did not answer within {seconds} s")]
+    #[error(
+        "gpu-mps-manager did not answer within {seconds} s (is it hung or overloaded? journalctl -u gpu-mps-manager; gpu-mps status)"
+    )]
     Timeout { seconds: u64 },
     /// The manager refused: the message is meant for the user as it is.
     #[error("{message}")]

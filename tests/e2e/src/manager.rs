@@ -250,6 +250,23 @@ impl Manager {
         }
     }
 
+    /// SIGSTOP: the manager hangs with its socket open (connections are accepted by the
+    /// kernel, nothing answers).
+    pub fn pause(&self) {
+        self.signal(nix::sys::signal::Signal::SIGSTOP);
+    }
+
+    /// SIGCONT after [`Manager::pause`].
+    pub fn resume(&self) {
+        self.signal(nix::sys::signal::Signal::SIGCONT);
+    }
+
+    fn signal(&self, signal: nix::sys::signal::Signal) {
+        if let Some(child) = &self.child {
+            let _ = nix::sys::signal::kill(nix::unistd::Pid::from_raw(child.id() as i32), signal);
+        }
+    }
+
     /// Starts the manager again after [`Manager::kill`].
     pub async fn start_again(&mut self) -> Result<()> {
         self.spawn()?;

@@ -34,6 +34,7 @@ per_suite!(
     exact_a_stalled_client_holds_nobody,
     exact_gates_come_back_after_a_manager_restart,
     a_create_with_the_manager_down_fails_within_one_hook_timeout_and_leaves_nothing,
+    a_create_with_the_manager_hung_fails_within_one_hook_timeout_and_all_is_consistent_after,
 );
 
 const GIB: u64 = 1 << 30;
@@ -469,6 +470,55 @@ async fn a_create_with_the_manager_down_fails_within_one_hook_timeout_and_leaves
     );
     node.manager.start_again().await?;
     cri.delete_pod(&pod).await?;
+    Ok(())
+}
+
+/// Issue 8, fault 4: the manager hangs (SIGSTOP). A create fails with a clear error within one
+/// hook timeout; when the manager runs again it answers the request it held (the container is
+/// gone by then), and within a reconcile grace nothing of it is left: no lease, no gate dir, and
+/// the next container starts.
+async fn a_create_with_the_manager_hung_fails_within_one_hook_timeout_and_all_is_consistent_after(
+    suite: Suite,
+) -> Result<()> {
+    let node = GpuNode::start(&suite, LimitsConfig::exact()).await?;
+    let mut cri = node.cri().await?;
+    let gpu = node.gpu_uuid(0).to_string();
+    let pod = cri
+        .run_pod_sandbox(&gpu_pod("hung", "default").gpu_limits("4Gi", 25))
+        .await?;
+    let before = node.manager.gate_dir_names();
+    node.manager.pause();
+    let started = std::time::Instant::now();
+    let result = create_and_start(&mut cri, &pod, &client_container("infer", &gpu)).await;
+    let took = started.elapsed();
+    node.manager.resume();
+    expect_refusal(result, &["gpu-mps-manager did not answer within"])?;
+    println!(
+        "create with the manager hung failed after {:.1} s (hook timeout 10 s)",
+        took.as_secs_f64()
+    );
+    ensure!(
+        took < Duration::from_secs(17),
+        "the create took {took:?}: more than one hook timeout"
+    );
+    // The request it held is answered now: give it the time to arrive, then the lease of the
+    // container that is gone must go (poststop already ran, so reconcile drops it) with its gate.
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    let manager = &node.manager;
+    manager
+        .wait_status(
+            "no lease and no gate dir after the manager ran again",
+            WAIT,
+            |s| s.leases.is_empty() && manager.gate_dir_names() == before,
+        )
+        .await
+        .with_context(|| format!("gate dirs now {:?}, before {before:?}", manager.gate_dir_names()))?;
+    let (_container, client) = start_client(&mut cri, &pod, &client_container("next", &gpu)).await?;
+    println!("after SIGCONT a new container reached its daemon: {client}");
+    cri.delete_pod(&pod).await?;
+    node.manager
+        .wait_status("leases released", WAIT, |s| s.leases.is_empty())
+        .await?;
     Ok(())
 }
 
