@@ -1041,7 +1041,13 @@ async fn adopt(state: &mut State, control: &dyn MpsControl) -> Vec<WedgeReport> 
     for (dir, record) in daemons {
         let leases = state.leases_of(&record.key).count();
         if record.control.is_alive() {
-            match control.command(&record.pipe_dir, "get_server_list").await {
+            // Asked twice, as a gate does before it takes a server as stuck: replacing it ends
+            // its running clients.
+            let mut answer = control.command(&record.pipe_dir, "get_server_list").await;
+            if answer.is_err() {
+                answer = control.command(&record.pipe_dir, "get_server_list").await;
+            }
+            match answer {
                 Ok(_) => {
                     info!(daemon = %record.key, pid = record.control.pid, applied = ?record.applied, "adopted running MPS control daemon");
                 }
