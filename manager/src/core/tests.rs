@@ -244,6 +244,36 @@ fn request(id: &str, gpu: &str, gib: u64, pct: u32, ns: &str) -> proto::AcquireR
     r
 }
 
+/// A stand-in for a container's init process (a `sleep`): a lease names its pid, and reconcile
+/// drops the lease once it is gone. Killed on drop.
+struct FakeContainer(Child);
+
+impl FakeContainer {
+    fn start() -> Self {
+        FakeContainer(Command::new("sleep").arg("600").spawn().unwrap())
+    }
+
+    /// `request(...)`, made by this container's process.
+    fn request(&self, id: &str, gpu: &str, gib: u64, pct: u32, ns: &str) -> proto::AcquireRequest {
+        let mut r = request(id, gpu, gib, pct, ns);
+        r.pid = self.0.id();
+        r
+    }
+
+    /// Its process exits (and is reaped).
+    fn stop(&mut self) {
+        self.0.kill().unwrap();
+        self.0.wait().unwrap();
+    }
+}
+
+impl Drop for FakeContainer {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
 #[tokio::test]
 async fn first_lease_starts_the_daemon_and_sets_limits_by_ordinal() {
     let e = env(LimitPolicy::Uniform, Tenancy::Shared);
@@ -384,14 +414,13 @@ async fn an_idle_daemon_with_unknown_clients_is_not_stopped() {
 async fn leases_of_dead_containers_are_dropped() {
     let e = env(LimitPolicy::Uniform, Tenancy::Shared);
     let m = core(&e).await;
-    let mut container = Command::new("sleep").arg("600").spawn().unwrap();
-    let mut r = request("c1", "GPU-0", 4, 25, "ns");
-    r.pid = container.id();
-    m.acquire(r).await.unwrap();
+    let mut container = FakeContainer::start();
+    m.acquire(container.request("c1", "GPU-0", 4, 25, "ns"))
+        .await
+        .unwrap();
     m.reconcile(now_unix()).await;
     assert_eq!(m.status().await.leases.len(), 1);
-    container.kill().unwrap();
-    container.wait().unwrap();
+    container.stop();
     // The poststop hook's release may still be on its way: the lease stays for a grace period.
     let gone = now_unix();
     m.reconcile(gone).await;
@@ -406,10 +435,10 @@ async fn leases_of_dead_containers_are_dropped() {
 async fn a_restarted_manager_adopts_daemons_and_leases_without_restarting_them() {
     let e = env(LimitPolicy::Uniform, Tenancy::Shared);
     let m = core(&e).await;
-    let mut container = Command::new("sleep").arg("600").spawn().unwrap();
-    let mut r = request("c1", "GPU-0", 4, 25, "ns");
-    r.pid = container.id();
-    m.acquire(r).await.unwrap();
+    let container = FakeContainer::start();
+    m.acquire(container.request("c1", "GPU-0", 4, 25, "ns"))
+        .await
+        .unwrap();
     let pid = m.status().await.daemons[0].control_pid;
     drop(m); // the manager dies without shutdown
 
@@ -428,8 +457,6 @@ async fn a_restarted_manager_adopts_daemons_and_leases_without_restarting_them()
             .any(|c| c.starts_with("set_"))
     );
     assert!(m2.acquire(request("c3", "GPU-0", 8, 25, "ns")).await.is_err());
-    container.kill().unwrap();
-    container.wait().unwrap();
 }
 
 /// Seen on the H200 (20 manager restarts under load): a daemon that runs but answers nothing
@@ -439,10 +466,10 @@ async fn a_restarted_manager_adopts_daemons_and_leases_without_restarting_them()
 async fn a_restarted_manager_replaces_a_daemon_that_runs_but_does_not_answer() {
     let e = env(LimitPolicy::Uniform, Tenancy::Shared);
     let m = core(&e).await;
-    let mut container = Command::new("sleep").arg("600").spawn().unwrap();
-    let mut r = request("c1", "GPU-0", 4, 25, "ns");
-    r.pid = container.id();
-    m.acquire(r).await.unwrap();
+    let container = FakeContainer::start();
+    m.acquire(container.request("c1", "GPU-0", 4, 25, "ns"))
+        .await
+        .unwrap();
     let old = m.status().await.daemons[0].control_pid;
     drop(m);
     e.control
@@ -470,18 +497,16 @@ async fn a_restarted_manager_replaces_a_daemon_that_runs_but_does_not_answer() {
     assert_eq!(s.daemons[0].faults, 1, "counted as a stuck server");
     assert_eq!(s.daemons[0].active_thread_percentage, 25);
     assert_eq!(s.leases.len(), 1);
-    container.kill().unwrap();
-    container.wait().unwrap();
 }
 
 #[tokio::test]
 async fn a_restarted_manager_starts_again_a_daemon_that_died_under_running_containers() {
     let e = env(LimitPolicy::Uniform, Tenancy::Shared);
     let m = core(&e).await;
-    let mut container = Command::new("sleep").arg("600").spawn().unwrap();
-    let mut r = request("c1", "GPU-0", 4, 25, "ns");
-    r.pid = container.id();
-    m.acquire(r).await.unwrap();
+    let container = FakeContainer::start();
+    m.acquire(container.request("c1", "GPU-0", 4, 25, "ns"))
+        .await
+        .unwrap();
     drop(m);
     e.control.kill_all();
 
@@ -492,21 +517,18 @@ async fn a_restarted_manager_starts_again_a_daemon_that_died_under_running_conta
     assert_eq!(*e.control.starts.lock().unwrap(), 2, "started again: {s:#?}");
     assert_eq!(s.daemons.len(), 1);
     assert_eq!(s.daemons[0].active_thread_percentage, 25);
-    container.kill().unwrap();
-    container.wait().unwrap();
 }
 
 #[tokio::test]
 async fn a_restarted_manager_drops_what_died_meanwhile() {
     let e = env(LimitPolicy::Uniform, Tenancy::Shared);
     let m = core(&e).await;
-    let mut container = Command::new("sleep").arg("600").spawn().unwrap();
-    let mut r = request("c1", "GPU-0", 4, 25, "ns");
-    r.pid = container.id();
-    m.acquire(r).await.unwrap();
+    let mut container = FakeContainer::start();
+    m.acquire(container.request("c1", "GPU-0", 4, 25, "ns"))
+        .await
+        .unwrap();
     drop(m);
-    container.kill().unwrap();
-    container.wait().unwrap();
+    container.stop();
     e.control.kill_all();
     let m2 = core(&e).await;
     let s = m2.status().await;
@@ -604,9 +626,8 @@ async fn invalid_requests_are_refused() {
 async fn a_daemon_that_dies_under_leases_is_restarted_with_their_limits() {
     let e = env(LimitPolicy::Uniform, Tenancy::Shared);
     let m = core(&e).await;
-    let mut container = Command::new("sleep").arg("600").spawn().unwrap();
-    let mut r = request("c1", "GPU-0", 4, 25, "ns");
-    r.pid = container.id();
+    let container = FakeContainer::start();
+    let mut r = container.request("c1", "GPU-0", 4, 25, "ns");
     // Two processes: each gets half the container's memory, also from the restarted daemon.
     r.cuda_processes = 2;
     m.acquire(r).await.unwrap();
@@ -624,8 +645,6 @@ async fn a_daemon_that_dies_under_leases_is_restarted_with_their_limits() {
         "the per-process share, not the container's"
     );
     assert_eq!(*e.control.starts.lock().unwrap(), 2);
-    container.kill().unwrap();
-    container.wait().unwrap();
 }
 
 #[tokio::test]
