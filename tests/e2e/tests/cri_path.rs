@@ -450,19 +450,8 @@ async fn a_create_with_the_manager_down_fails_within_one_hook_timeout_and_leaves
         .await?;
     let before = node.manager.gate_dir_names();
     node.manager.kill();
-    let started = std::time::Instant::now();
-    let result = create_and_start(&mut cri, &pod, &client_container("infer", &gpu)).await;
-    let took = started.elapsed();
-    expect_refusal(result, &["cannot reach gpu-mps-manager"])?;
-    println!(
-        "create with the manager down failed after {:.1} s (hook timeout 10 s)",
-        took.as_secs_f64()
-    );
-    // One hook timeout (10 s here) and the containerd/runc work around it; two were 20 s.
-    ensure!(
-        took < Duration::from_secs(17),
-        "the create took {took:?}: more than one hook timeout"
-    );
+    create_fails_within_one_hook_timeout(&mut cri, &pod, &gpu, "down", "cannot reach gpu-mps-manager")
+        .await?;
     let after = node.manager.gate_dir_names();
     ensure!(
         after == before,
@@ -470,6 +459,30 @@ async fn a_create_with_the_manager_down_fails_within_one_hook_timeout_and_leaves
     );
     node.manager.start_again().await?;
     cri.delete_pod(&pod).await?;
+    Ok(())
+}
+
+/// Creates a client container that must fail with `needle` within one hook timeout (10 s here,
+/// and the containerd/runc work around it; two timeouts were 20 s).
+async fn create_fails_within_one_hook_timeout(
+    cri: &mut CriClient,
+    pod: &Pod,
+    gpu: &str,
+    manager_state: &str,
+    needle: &str,
+) -> Result<()> {
+    let started = std::time::Instant::now();
+    let result = create_and_start(cri, pod, &client_container("infer", gpu)).await;
+    let took = started.elapsed();
+    expect_refusal(result, &[needle])?;
+    println!(
+        "create with the manager {manager_state} failed after {:.1} s (hook timeout 10 s)",
+        took.as_secs_f64()
+    );
+    ensure!(
+        took < Duration::from_secs(17),
+        "the create took {took:?}: more than one hook timeout"
+    );
     Ok(())
 }
 
@@ -488,19 +501,16 @@ async fn a_create_with_the_manager_hung_fails_within_one_hook_timeout_and_all_is
         .await?;
     let before = node.manager.gate_dir_names();
     node.manager.pause();
-    let started = std::time::Instant::now();
-    let result = create_and_start(&mut cri, &pod, &client_container("infer", &gpu)).await;
-    let took = started.elapsed();
+    let failed = create_fails_within_one_hook_timeout(
+        &mut cri,
+        &pod,
+        &gpu,
+        "hung",
+        "gpu-mps-manager did not answer within",
+    )
+    .await;
     node.manager.resume();
-    expect_refusal(result, &["gpu-mps-manager did not answer within"])?;
-    println!(
-        "create with the manager hung failed after {:.1} s (hook timeout 10 s)",
-        took.as_secs_f64()
-    );
-    ensure!(
-        took < Duration::from_secs(17),
-        "the create took {took:?}: more than one hook timeout"
-    );
+    failed?;
     // The request it held is answered now: give it the time to arrive, then the lease of the
     // container that is gone must go (poststop already ran, so reconcile drops it) with its gate.
     tokio::time::sleep(Duration::from_secs(1)).await;
