@@ -25,6 +25,8 @@ pub struct AcquireArgs {
     /// The policy and config digest the shim laid the container out with.
     pub policy: String,
     pub config_digest: String,
+    /// The device plugin's `gpu-mps.io/memory` units on the container's GPU; empty without.
+    pub memory_units: Vec<u32>,
 }
 
 impl AcquireArgs {
@@ -44,6 +46,10 @@ impl AcquireArgs {
             format!("--cuda-processes={}", self.cuda_processes),
             format!("--policy={}", self.policy),
             format!("--config-digest={}", self.config_digest),
+            format!(
+                "--memory-units={}",
+                crate::memory_units::format_unit_list(&self.memory_units)
+            ),
         ]
     }
 }

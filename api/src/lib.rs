@@ -10,6 +10,7 @@ pub mod hook_invocation;
 pub mod inventory;
 pub mod limits;
 pub mod maxima;
+pub mod memory_units;
 pub mod message;
 pub mod node_config;
 pub mod quantity;

@@ -58,6 +58,9 @@ enum Stage {
         /// The digest of the node config the shim used.
         #[arg(long, default_value = "")]
         config_digest: String,
+        /// The device plugin's gpu-mps.io/memory units on the container's GPU, e.g. 3,4,5.
+        #[arg(long, default_value = "", value_parser = parse_units)]
+        memory_units: Units,
     },
     /// Release the lease (OCI poststop hook).
     Poststop {
@@ -91,6 +94,14 @@ enum HookError {
     NoPid(String),
     #[error("{0}")]
     Manager(#[from] ClientError),
+}
+
+/// Unit numbers (clap takes a type whose parser returns it whole, not a Vec it would split).
+#[derive(Debug, Clone, Default)]
+struct Units(Vec<u32>);
+
+fn parse_units(text: &str) -> Result<Units, String> {
+    gpu_mps_api::memory_units::parse_unit_list(text).map(Units)
 }
 
 /// The fields of the OCI state runc passes to hooks that the hook needs.
@@ -135,6 +146,7 @@ fn run(args: Args) -> Result<(), HookError> {
             cuda_processes,
             policy,
             config_digest,
+            memory_units,
         } => {
             let state = read_state()?;
             // A lease is dropped once its container's process is gone; without a pid it could
@@ -155,6 +167,7 @@ fn run(args: Args) -> Result<(), HookError> {
             req.cuda_processes = cuda_processes;
             req.policy = policy;
             req.config_digest = config_digest;
+            req.memory_units = memory_units.0;
             let conn =
                 ManagerConnection::connect(&common.socket, Duration::from_secs(common.timeout_seconds))?;
             conn.acquire(&req)?;
@@ -229,6 +242,7 @@ mod tests {
             cuda_processes: 3,
             policy: "exact".into(),
             config_digest: "0123456789abcdef".into(),
+            memory_units: vec![3, 4, 10],
         };
         let parsed = Args::try_parse_from(args.to_hook_args()).unwrap();
         match parsed.stage {
@@ -241,8 +255,10 @@ mod tests {
                 cuda_processes,
                 policy,
                 config_digest,
+                memory_units,
                 ..
             } => {
+                assert_eq!(memory_units.0, vec![3, 4, 10]);
                 assert_eq!(cuda_processes, 3);
                 assert_eq!(policy, "exact");
                 assert_eq!(config_digest, "0123456789abcdef");
@@ -322,6 +338,7 @@ mod tests {
             cuda_processes: 1,
             policy: String::new(),
             config_digest: String::new(),
+            memory_units: Vec::new(),
         };
         assert!(Args::try_parse_from(args.to_hook_args()).is_ok());
     }

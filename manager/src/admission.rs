@@ -41,6 +41,8 @@ pub struct LeaseRequest {
     pub limits: Limits,
     pub cuda_processes: u32,
     pub namespace: String,
+    /// The device plugin's units on the one GPU of `key`; empty without.
+    pub memory_units: Vec<u32>,
 }
 
 impl LeaseRequest {
@@ -98,6 +100,15 @@ pub enum Refusal {
         overcommit: f64,
     },
     #[error(
+        "gpu-mps.io/memory unit {unit} of GPU {gpu} is held by container {holder} ({owner}), which is still running: the device plugin handed it out twice (is kubelet's device checkpoint lost?)"
+    )]
+    UnitHeld {
+        gpu: String,
+        unit: u32,
+        holder: String,
+        owner: String,
+    },
+    #[error(
         "GPU {gpu} already serves {used} CUDA processes of {max} allowed per GPU (limits.max_clients_per_gpu; MPS serves 48); this container asks for {requested} more (gpu-mps.io/cuda-processes)"
     )]
     ClientCapacity {
@@ -118,7 +129,7 @@ impl Refusal {
             Refusal::ClassBusy { .. } | Refusal::TenantBusy { .. } | Refusal::OverlappingGpuSet { .. } => {
                 ttrpc::Code::FAILED_PRECONDITION
             }
-            Refusal::MemoryCapacity { .. } | Refusal::ClientCapacity { .. } => {
+            Refusal::MemoryCapacity { .. } | Refusal::ClientCapacity { .. } | Refusal::UnitHeld { .. } => {
                 ttrpc::Code::RESOURCE_EXHAUSTED
             }
         }
@@ -205,6 +216,20 @@ pub fn admit<'a>(
                 });
             }
         }
+        if let Some((holder, unit)) = on_gpu.iter().find_map(|l| {
+            request
+                .memory_units
+                .iter()
+                .find(|u| l.memory_units.contains(u))
+                .map(|u| (l, *u))
+        }) {
+            return Err(Refusal::UnitHeld {
+                gpu: gpu.uuid.clone(),
+                unit,
+                holder: holder.container_id.clone(),
+                owner: holder.owner(),
+            });
+        }
         // Every CUDA process is one MPS client.
         let used: u32 = on_gpu.iter().map(|l| l.cuda_processes.max(1)).sum();
         if used.saturating_add(request.cuda_processes.max(1)) > policy.max_clients_per_gpu {
@@ -251,11 +276,7 @@ fn ceiling_of(policy: &AdmissionPolicy) -> Limits {
     })
 }
 
-/// GPU memory x overcommit, in whole MiB (the unit limits are applied in).
-pub fn memory_capacity(gpu_memory_bytes: u64, overcommit: f64) -> u64 {
-    let mib = (gpu_memory_bytes >> 20) as f64 * overcommit;
-    (mib.floor() as u64) << 20
-}
+pub use gpu_mps_api::memory_units::memory_capacity;
 
 #[cfg(test)]
 mod tests {
@@ -292,6 +313,7 @@ mod tests {
             limits: l,
             cuda_processes: 1,
             namespace: ns.into(),
+            memory_units: Vec::new(),
         }
     }
 
@@ -371,6 +393,28 @@ mod tests {
         assert!(admit(&gpus, &leases, &request(&["GPU-0"], limits(4, 25), "team-a"), &p).is_ok());
         p.tenancy = Tenancy::Shared;
         assert!(admit(&gpus, &leases, &request(&["GPU-0"], limits(4, 25), "team-b"), &p).is_ok());
+    }
+
+    #[test]
+    fn a_unit_held_by_a_live_lease_is_refused() {
+        let gpus = [gpu(0)];
+        let mut holder = lease("a", &["GPU-0"], limits(2, 50), "ns");
+        holder.memory_units = vec![0, 1];
+        let p = policy(LimitPolicy::Exact);
+        let mut req = request(&["GPU-0"], limits(2, 50), "ns");
+        req.memory_units = vec![1, 2];
+        let refusal = admit(&gpus, [&holder], &req, &p).unwrap_err();
+        assert_eq!(refusal.code(), ttrpc::Code::RESOURCE_EXHAUSTED);
+        let msg = refusal.to_string();
+        assert!(
+            msg.contains("unit 1 of GPU GPU-0 is held by container a"),
+            "{msg}"
+        );
+        req.memory_units = vec![2, 3];
+        assert!(admit(&gpus, [&holder], &req, &p).is_ok());
+        // Leases without units (no device plugin) never clash.
+        req.memory_units = Vec::new();
+        assert!(admit(&gpus, [&holder], &req, &p).is_ok());
     }
 
     #[test]

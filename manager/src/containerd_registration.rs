@@ -2217,7 +2217,7 @@ root = '/var/lib/containerd'
   [plugins.'io.containerd.cri.v1.runtime'.containerd.runtimes.gpu-mps]
     runtime_type = 'io.containerd.runc.v2'
     pod_annotations = ['gpu-mps.io/*', '*.gpu-mps.io/*']
-    container_annotations = ['gpu-mps.io/*', '*.gpu-mps.io/*', 'cdi.k8s.io/*']
+    container_annotations = ['gpu-mps.io/*', '*.gpu-mps.io/*', 'cdi.k8s.io/*', 'gpu-mps-device-plugin/*']
     [plugins.'io.containerd.cri.v1.runtime'.containerd.runtimes.gpu-mps.options]
       BinaryName = '/usr/local/bin/gpu-mps-shim'
       SystemdCgroup = false

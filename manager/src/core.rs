@@ -288,6 +288,7 @@ impl ManagerCore {
                 && existing.key == request.key
                 && existing.limits == request.limits
                 && existing.cuda_processes == request.cuda_processes
+                && existing.memory_units == request.memory_units
             {
                 if !self.gates.is_open(&gate_id) {
                     self.gates.open(self.gate_target(&gate_id, &existing), None)?;
@@ -330,6 +331,7 @@ impl ManagerCore {
             bundle: req.bundle.clone(),
             process,
             acquired_unix: now_unix(),
+            memory_units: request.memory_units.clone(),
         };
         // Before the lease is recorded: a container whose gate cannot open must not start (its
         // CUDA processes would find no control socket).
@@ -892,6 +894,7 @@ fn validate(req: &proto::AcquireRequest) -> Result<LeaseRequest, ManagerError> {
         limits,
         cuda_processes,
         namespace: req.namespace.clone(),
+        memory_units: req.memory_units.clone(),
     })
 }
 
@@ -1113,6 +1116,7 @@ fn lease_proto(l: &LeaseRecord) -> proto::Lease {
     lease.pid = l.process.map(|p| p.pid).unwrap_or(0);
     lease.acquired_unix = l.acquired_unix;
     lease.cuda_processes = l.cuda_processes;
+    lease.memory_units = l.memory_units.clone();
     lease
 }
 

@@ -23,6 +23,9 @@ pub struct LeaseRecord {
     /// poststop hook never ran (runc killed, node crash, containerd restart).
     pub process: Option<ProcessIdentity>,
     pub acquired_unix: i64,
+    /// The device plugin's `gpu-mps.io/memory` units on its GPU; empty without.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub memory_units: Vec<u32>,
 }
 
 fn one() -> u32 {
@@ -56,6 +59,7 @@ impl LeaseRecord {
             key,
             limits,
             cuda_processes: 1,
+            memory_units: Vec::new(),
             namespace: namespace.into(),
             pod: String::new(),
             container_name: String::new(),

@@ -6,6 +6,7 @@ use std::path::PathBuf;
 
 use thiserror::Error;
 
+use crate::allocation::AllocationError;
 use crate::bundle::BundleError;
 use crate::gpu_devices::DeviceError;
 use crate::node_files::NodeFileError;
@@ -24,6 +25,8 @@ pub enum ShimError {
     Devices(#[from] DeviceError),
     #[error(transparent)]
     Request(#[from] RequestError),
+    #[error(transparent)]
+    Allocation(#[from] AllocationError),
     #[error(transparent)]
     Rewrite(#[from] RewriteError),
     #[error(transparent)]

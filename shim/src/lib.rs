@@ -7,6 +7,7 @@
 //! golden-tested; [`plan_rewrite`] is the whole decision for one spec, also used by
 //! `gpu-mps explain`.
 
+pub mod allocation;
 pub mod bundle;
 pub mod error;
 pub mod gpu_devices;

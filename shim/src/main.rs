@@ -28,7 +28,7 @@ Register it as a runtime handler of containerd's runc shim, e.g. (config version
   [plugins.\"io.containerd.grpc.v1.cri\".containerd.runtimes.gpu-mps]
     runtime_type = \"io.containerd.runc.v2\"
     pod_annotations = [\"gpu-mps.io/*\", \"*.gpu-mps.io/*\"]
-    container_annotations = [\"gpu-mps.io/*\", \"*.gpu-mps.io/*\", \"cdi.k8s.io/*\"]
+    container_annotations = [\"gpu-mps.io/*\", \"*.gpu-mps.io/*\", \"cdi.k8s.io/*\", \"gpu-mps-device-plugin/*\"]
     [plugins.\"io.containerd.grpc.v1.cri\".containerd.runtimes.gpu-mps.options]
       BinaryName = \"/usr/local/bin/gpu-mps-shim\"
 (config version 3: plugins.\"io.containerd.cri.v1.runtime\".containerd.runtimes.gpu-mps), and run

@@ -11,6 +11,7 @@ use gpu_mps_api::inventory::Inventory;
 use gpu_mps_api::{ContainerId, DaemonKey, Limits, NodeConfig};
 use serde_json::Value;
 
+use crate::allocation;
 use crate::error::ShimError;
 use crate::gpu_devices::{self, DeviceRequest};
 use crate::request::{self, CriIdentity, NodeRules, ResolvedLimits, ResolvedRequest};
@@ -123,8 +124,17 @@ impl ParsedSpec {
             maxima,
             maxima_scope: &maxima_scope,
         };
-        let resolved = request::resolve_limits(&self.annotations, &identity.container_name, rules)?;
         let daemon = gpu_devices::resolve(devices, inventory)?;
+        let allocation = allocation::allocated_units(&self.annotations, &daemon, config, inventory)?;
+        let resolved = match &allocation {
+            Some((_, allocated)) => request::resolve_allocated_limits(
+                &self.annotations,
+                &identity.container_name,
+                rules,
+                *allocated,
+            )?,
+            None => request::resolve_limits(&self.annotations, &identity.container_name, rules)?,
+        };
         // Under every policy the container sees only its gate's `control`, never the daemon's
         // pipe dir: that one holds `control_privileged`, through which a root pod could change
         // or quit the daemon (measured on the H200, MPS-FACTS.md "Hostile tenants").
@@ -137,6 +147,7 @@ impl ParsedSpec {
             identity,
             client_pipe_dir: client_pipe_dir.clone(),
             narrow_visible_devices: devices.trusted() && gpu_devices::env_names_devices(&env),
+            memory_units: allocation.map(|(a, _)| a.units).unwrap_or_default(),
         };
         let mut spec = self.spec;
         let acquire = rewrite::rewrite(&mut spec, &request, config)?;

@@ -27,6 +27,10 @@ pub enum LimitSource {
     /// `gpu-mps.io/<field>`; the key.
     PodAnnotation(String),
     NodeDefault,
+    /// gpu-mps-device-plugin's allocation: this many units of `gpu-mps.io/memory`.
+    DevicePlugin(u32),
+    /// A multiple of the memory share the device plugin allocated (`device_plugin.default_thread_share_factor`).
+    MemoryShare(String),
 }
 
 impl fmt::Display for LimitSource {
@@ -35,6 +39,10 @@ impl fmt::Display for LimitSource {
             LimitSource::ContainerAnnotation(key) => write!(f, "container annotation {key}"),
             LimitSource::PodAnnotation(key) => write!(f, "annotation {key}"),
             LimitSource::NodeDefault => f.write_str("node default"),
+            LimitSource::DevicePlugin(units) => {
+                write!(f, "device plugin allocation ({units} units of gpu-mps.io/memory)")
+            }
+            LimitSource::MemoryShare(factor) => write!(f, "{factor} x the allocated memory share"),
         }
     }
 }
@@ -91,6 +99,9 @@ pub struct ResolvedRequest {
     /// names devices: it is set to these GPUs, so that a runtime after the shim
     /// (nvidia-container-runtime) does not hand the container the GPUs the pod wrote there.
     pub narrow_visible_devices: bool,
+    /// The device plugin's units of the container's GPU (empty without an allocation): the
+    /// manager refuses units another live container holds.
+    pub memory_units: Vec<u32>,
 }
 
 #[derive(Debug, Error, PartialEq, Eq)]
@@ -114,6 +125,90 @@ pub enum RequestError {
     },
     #[error("{0}")]
     AboveMaximum(MaximaError),
+    #[error(
+        "{processes} CUDA processes need at least {needed} units of gpu-mps.io/memory on this node ({min} each: MPS serves {max_clients} clients per GPU), and the container got {units}: ask for {needed} units, or set fewer processes ({key})"
+    )]
+    TooFewUnitsPerProcess {
+        processes: u32,
+        units: u32,
+        min: u32,
+        needed: u32,
+        max_clients: u32,
+        key: &'static str,
+    },
+}
+
+/// What gpu-mps-device-plugin gave the container, and the node's rules for units.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct AllocatedMemory {
+    pub memory_bytes: u64,
+    pub units: u32,
+    pub min_units_per_process: u32,
+    pub max_clients_per_gpu: u32,
+    /// The default active thread percentage (a multiple of the memory share) and its factor.
+    pub default_thread_percentage: u8,
+    pub thread_share_factor: f64,
+}
+
+/// Resolves the limits of a container the device plugin allocated units to: its memory is the
+/// units' (whatever its annotations say: it cannot take more than it was scheduled for), its
+/// thread cap and process count come from annotations or defaults. Every process must hold the
+/// node's minimum of units, so that a GPU never has more processes than MPS serves.
+pub fn resolve_allocated_limits(
+    annotations: &HashMap<String, String>,
+    container_name: &str,
+    rules: NodeRules<'_>,
+    allocated: AllocatedMemory,
+) -> Result<ResolvedLimits, RequestError> {
+    let (thread_percentage, threads_source) = match resolve_field(
+        &THREADS,
+        annotations,
+        container_name,
+        Some(allocated.default_thread_percentage),
+    )? {
+        (v, LimitSource::NodeDefault) => (
+            v,
+            LimitSource::MemoryShare(allocated.thread_share_factor.to_string()),
+        ),
+        other => other,
+    };
+    let (cuda_processes, processes_source) = resolve_field(
+        &PROCESSES,
+        annotations,
+        container_name,
+        Some(rules.default_cuda_processes),
+    )?;
+    let needed = cuda_processes.saturating_mul(allocated.min_units_per_process);
+    if allocated.units < needed {
+        return Err(RequestError::TooFewUnitsPerProcess {
+            processes: cuda_processes,
+            units: allocated.units,
+            min: allocated.min_units_per_process,
+            needed,
+            max_clients: allocated.max_clients_per_gpu,
+            key: CUDA_PROCESSES,
+        });
+    }
+    let limits = Limits {
+        memory_bytes: allocated.memory_bytes,
+        thread_percentage,
+    };
+    // The memory maximum is the scheduler's business here (the pod asked for the units); the
+    // thread and process maximums still hold.
+    let maxima = Maxima {
+        memory_bytes: None,
+        ..rules.maxima
+    };
+    maxima
+        .check(limits, cuda_processes, rules.maxima_scope)
+        .map_err(RequestError::AboveMaximum)?;
+    Ok(ResolvedLimits {
+        limits,
+        cuda_processes,
+        memory_source: LimitSource::DevicePlugin(allocated.units),
+        threads_source,
+        processes_source,
+    })
 }
 
 /// One limit field: its annotation, how to parse it, and how to explain it.

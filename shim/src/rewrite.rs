@@ -59,6 +59,7 @@ pub fn acquire_args(request: &ResolvedRequest, config: &NodeConfig) -> AcquireAr
         cuda_processes: request.cuda_processes,
         policy: config.policy.to_string(),
         config_digest: config.digest(),
+        memory_units: request.memory_units.clone(),
     }
 }
 
@@ -238,6 +239,7 @@ mod tests {
             },
             client_pipe_dir: "/run/gpu-mps/gates/0123456789abcdef".into(),
             narrow_visible_devices: false,
+            memory_units: Vec::new(),
         }
     }
 
