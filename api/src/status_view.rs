@@ -33,6 +33,9 @@ pub struct GpuView {
     pub max_clients: u32,
     pub memory_reserved_bytes: u64,
     pub memory_capacity_bytes: u64,
+    /// Empty while the GPU takes new containers; otherwise why not.
+    #[serde(default)]
+    pub unhealthy_reason: String,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -74,6 +77,9 @@ pub struct LeaseView {
     pub refusals: u32,
     pub last_refusal: String,
     pub gate_connections: u32,
+    /// The device plugin's gpu-mps.io/memory units on its GPU; empty without.
+    #[serde(default)]
+    pub memory_units: Vec<u32>,
 }
 
 impl From<&proto::StatusResponse> for StatusView {
@@ -98,6 +104,7 @@ impl From<&proto::StatusResponse> for StatusView {
                     max_clients: g.max_clients,
                     memory_reserved_bytes: g.memory_reserved_bytes,
                     memory_capacity_bytes: g.memory_capacity_bytes,
+                    unhealthy_reason: g.unhealthy_reason.clone(),
                 })
                 .collect(),
             daemons: s
@@ -138,6 +145,7 @@ impl From<&proto::StatusResponse> for StatusView {
                     refusals: l.refusals,
                     last_refusal: l.last_refusal.clone(),
                     gate_connections: l.gate_connections,
+                    memory_units: l.memory_units.clone(),
                 })
                 .collect(),
         }

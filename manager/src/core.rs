@@ -91,7 +91,14 @@ struct Inner {
     lease_gone_since: HashMap<String, i64>,
     /// Daemons found stuck outside a gate (at adoption): replaced at the next reconcile.
     stuck_daemons: Vec<WedgeReport>,
+    /// The last failed start of each daemon (by dir), until one succeeds: its GPUs report
+    /// unhealthy meanwhile.
+    start_failures: HashMap<DaemonKey, String>,
 }
+
+/// How long a GPU reports unhealthy after its server's last fatal fault: the server refuses new
+/// clients until the faulted ones have exited, which takes the framework seconds.
+const FAULT_UNHEALTHY_SECONDS: i64 = 30;
 
 pub struct ManagerCore {
     config: NodeConfig,
@@ -248,6 +255,7 @@ impl ManagerCore {
                 compute_mode_drift: HashMap::new(),
                 lease_gone_since: HashMap::new(),
                 stuck_daemons,
+                start_failures: HashMap::new(),
             }),
         })
     }
@@ -317,8 +325,20 @@ impl ManagerCore {
                 warn!(container = %req.container_id, namespace = %req.namespace, pod = %req.pod, gpus = %request.key, limits = %request.limits, %refusal, "lease refused")
             })?;
         let dir = request.key.dir_name();
-        self.ensure_daemon(&mut inner, &request.key, server_limits)
-            .await?;
+        // A daemon that cannot start makes its GPUs unhealthy (gpu-mps status, the device
+        // plugin) until one starts.
+        match self.ensure_daemon(&mut inner, &request.key, server_limits).await {
+            Ok(()) => {
+                inner.start_failures.remove(&request.key);
+            }
+            Err(e) => {
+                inner.start_failures.insert(
+                    request.key.clone(),
+                    gpu_mps_api::message::one_line(&e.to_string()),
+                );
+                return Err(e);
+            }
+        }
 
         let lease = LeaseRecord {
             container_id: req.container_id.clone(),
@@ -545,6 +565,7 @@ impl ManagerCore {
             gpu.memory_capacity_bytes = admission::memory_capacity(g.memory_bytes, self.config.overcommit);
             gpu.max_clients = self.config.max_clients_per_gpu;
             gpu.compute_mode = g.compute_mode.clone();
+            gpu.unhealthy_reason = unhealthy_reason(&inner, &g.uuid, now_unix());
             resp.gpus.push(gpu);
         }
         for d in inner.state.daemons.values() {
@@ -1101,6 +1122,21 @@ fn daemon_proto(d: &DaemonRecord, leases: usize) -> proto::Daemon {
     daemon.faults = d.faults;
     daemon.last_fault_unix = d.last_fault_unix.unwrap_or(0);
     daemon
+}
+
+/// Why `gpu` cannot take new containers now, or empty.
+fn unhealthy_reason(inner: &Inner, gpu: &str, now: i64) -> String {
+    for (key, error) in &inner.start_failures {
+        if key.contains(gpu) {
+            return format!("its MPS daemon cannot start: {error}");
+        }
+    }
+    for d in inner.state.daemons.values().filter(|d| d.key.contains(gpu)) {
+        if let Some(at) = d.last_fault_unix.filter(|at| now - at < FAULT_UNHEALTHY_SECONDS) {
+            return format!("its MPS server reported a fatal fault {}s ago", now - at);
+        }
+    }
+    String::new()
 }
 
 fn lease_proto(l: &LeaseRecord) -> proto::Lease {

@@ -26,6 +26,7 @@ pub struct Binaries {
     pub manager: PathBuf,
     /// The `gpu-mps` CLI.
     pub cli: PathBuf,
+    pub device_plugin: PathBuf,
     pub fake_mps_control: PathBuf,
     pub checker: PathBuf,
 }
@@ -49,11 +50,12 @@ impl Binaries {
             }
             path
         };
-        let (shim, hook, manager, cli, fake_mps_control) = (
+        let (shim, hook, manager, cli, device_plugin, fake_mps_control) = (
             find("gpu-mps-shim"),
             find("gpu-mps-hook"),
             find("gpu-mps-manager"),
             find("gpu-mps"),
+            find("gpu-mps-device-plugin"),
             find("fake-mps-control"),
         );
         let checker = checker();
@@ -68,6 +70,7 @@ impl Binaries {
             hook,
             manager,
             cli,
+            device_plugin,
             fake_mps_control,
             checker: checker?,
         })

@@ -208,6 +208,11 @@ impl Containerd {
         self.dir.path()
     }
 
+    /// The one CDI spec dir this containerd reads (1.7, 2.x), as Layout names it.
+    pub fn cdi_dir(&self) -> PathBuf {
+        Layout::new(&self.dir).cdi_dir
+    }
+
     pub fn log_tail(&self, lines: usize) -> String {
         diagnostics::tail_of(&self.log, lines)
     }

@@ -95,6 +95,8 @@ pub struct ContainerSpec {
     pub annotations: HashMap<String, String>,
     pub mounts: Vec<cri::Mount>,
     pub devices: Vec<cri::Device>,
+    /// The CRI `CDIDevices` field (kubelet fills it from a device plugin's Allocate).
+    pub cdi_devices: Vec<String>,
 }
 
 impl ContainerSpec {
@@ -312,6 +314,11 @@ impl CriClient {
                 .collect(),
             mounts: spec.mounts.clone(),
             devices: spec.devices.clone(),
+            cdi_devices: spec
+                .cdi_devices
+                .iter()
+                .map(|name| cri::CdiDevice { name: name.clone() })
+                .collect(),
             annotations: spec.annotations.clone(),
             labels: HashMap::from([("io.kubernetes.container.name".into(), spec.name.clone())]),
             log_path: log_name.clone(),

@@ -12,6 +12,7 @@ pub mod cri;
 pub mod ctr;
 pub mod diagnostics;
 pub mod image;
+pub mod kubelet;
 pub mod manager;
 pub mod node;
 pub mod processes;

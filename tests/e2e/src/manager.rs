@@ -500,6 +500,7 @@ mod tests {
             hook: p("/b/gpu-mps-hook"),
             manager: p("/b/gpu-mps-manager"),
             cli: p("/b/gpu-mps"),
+            device_plugin: p("/b/gpu-mps-device-plugin"),
             fake_mps_control: p("/b/fake-mps-control"),
             checker: p("/b/gpu-mps-checker"),
         }

@@ -1,0 +1,749 @@
+//! gpu-mps-device-plugin driven by a test kubelet over kubelet's real device plugin API, and the
+//! containers it allocates run through real containerd (1.6, 1.7, 2.x) and runc with the
+//! `gpu-mps` handler: registration, ListAndWatch, GetPreferredAllocation and Allocate with
+//! kubelet's rules, then CRI CreateContainer built from Allocate's answer as kubelet builds it.
+//! The checker inside each container shows the limits the units set; the manager's leases and
+//! capacity view count the same units.
+//!
+//! No GPU: two fake 16 GiB GPUs (15 units of 1 GiB each after the 1 GiB server reserve), fake
+//! device nodes 195:<minor> made with mknod in the test's own directory.
+//!
+//! Run: `cargo test -p gpu-mps-e2e --test cri_device_plugin -- --nocapture`.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use anyhow::{Context, Result, bail, ensure};
+use gpu_mps_api::annotations::{ALLOCATED_UNITS, MEMORY_LIMIT};
+use gpu_mps_api::memory_units::RESOURCE_NAME;
+use gpu_mps_e2e::checker::{CheckerLine, Report};
+use gpu_mps_e2e::containerd::{CRI_NAMESPACE, GPU_MPS_HANDLER};
+use gpu_mps_e2e::cri::{Container, Pod};
+use gpu_mps_e2e::image::TEST_IMAGE;
+use gpu_mps_e2e::kubelet::{
+    Allocated, DeviceManager, PluginLink, PluginProcess, TestKubelet, allocate_ids, apply_allocation,
+};
+use gpu_mps_e2e::manager::{FAKE_GPU_MEMORY, fake_gpus};
+use gpu_mps_e2e::{
+    CdiOptions, ContainerSpec, CriClient, GpuNode, LimitsConfig, PodSpec, StatusLookup, Suite, cdi, per_suite,
+};
+use nix::sys::stat::{Mode, SFlag, makedev, mknod};
+
+per_suite!(
+    units_place_pods_by_size_and_set_their_limits,
+    a_spread_an_unknown_unit_and_a_held_unit_are_refused,
+    kubelet_and_plugin_restarts_lose_nothing,
+    health_follows_the_manager,
+    many_allocations_at_once_are_all_admitted,
+    a_gpu_with_a_cdi_spec_goes_as_a_cdi_device,
+);
+
+const WAIT: Duration = Duration::from_secs(20);
+const HOLD: &str = "--hold-seconds=300";
+const NVIDIA_MAJOR: u64 = 195;
+/// Units per fake GPU: 16 GiB less the 1 GiB reserve, in 1 GiB units.
+const UNITS_PER_GPU: usize = 15;
+const GIB: u64 = 1 << 30;
+
+/// A node that schedules by units: policy exact, `[device_plugin] enabled = true`.
+fn limits() -> LimitsConfig {
+    LimitsConfig::exact()
+        .toml("\n[device_plugin]\nenabled = true\nmemory_unit = \"1Gi\"\nserver_reserve = \"1Gi\"\n")
+}
+
+/// Everything one test plays: the node, kubelet's directory with fake device nodes, the test
+/// kubelet, the plugin process, and kubelet's view of the plugin.
+/// Fields drop in order: the plugin (its log is read on drop) before kubelet's directory.
+struct Cluster {
+    plugin: PluginProcess,
+    link: PluginLink,
+    kubelet: TestKubelet,
+    node: GpuNode,
+    devices: DeviceManager,
+    cdi_dirs: Vec<PathBuf>,
+    dir: tempfile::TempDir,
+}
+
+impl Cluster {
+    async fn start(suite: &Suite) -> Result<Cluster> {
+        Cluster::start_with(suite, CdiOptions::default(), false).await
+    }
+
+    /// `plugin_reads_cdi`: the plugin looks for CDI specs in containerd's CDI dir.
+    async fn start_with(suite: &Suite, cdi: CdiOptions, plugin_reads_cdi: bool) -> Result<Cluster> {
+        let dir = tempfile::Builder::new().prefix("gme2e-kubelet.").tempdir()?;
+        let gpus = fake_gpus(2, FAKE_GPU_MEMORY);
+        for gpu in &gpus {
+            fake_node(&dev_dir(dir.path()), gpu.minor)?;
+        }
+        let node = GpuNode::start_with(suite, limits(), gpus, cdi).await?;
+        let mut kubelet = TestKubelet::start(dir.path())?;
+        let cdi_dirs = if plugin_reads_cdi {
+            vec![node.containerd.cdi_dir()]
+        } else {
+            Vec::new()
+        };
+        let plugin = PluginProcess::start(
+            &node.bins,
+            node.manager.config_path(),
+            dir.path(),
+            &dev_dir(dir.path()),
+            &cdi_dirs,
+        )?;
+        let link = register(&mut kubelet).await?;
+        Ok(Cluster {
+            node,
+            dir,
+            kubelet,
+            plugin,
+            link,
+            devices: DeviceManager::default(),
+            cdi_dirs,
+        })
+    }
+
+    async fn allocate(&mut self, container: &str, size: usize) -> Result<Allocated> {
+        self.devices.allocate(&mut self.link, container, size).await
+    }
+}
+
+/// Takes the plugin's registration, checks it, and follows its ListAndWatch until every unit
+/// of both GPUs is listed healthy.
+async fn register(kubelet: &mut TestKubelet) -> Result<PluginLink> {
+    let registration = kubelet.registration().await?;
+    ensure!(
+        registration.resource_name == RESOURCE_NAME && registration.version == "v1beta1",
+        "registration: {registration:?}"
+    );
+    ensure!(
+        registration
+            .options
+            .as_ref()
+            .is_some_and(|o| o.get_preferred_allocation_available && !o.pre_start_required),
+        "registration options: {registration:?}"
+    );
+    let mut link = kubelet.plugin(&registration).await?;
+    link.watch_until("every unit healthy", WAIT, |d| {
+        d.len() == 2 * UNITS_PER_GPU && d.values().all(|h| h == "Healthy")
+    })
+    .await?;
+    ensure!(
+        link.devices.keys().all(|id| id.len() <= 63),
+        "a device ID is longer than 63 characters: {:?}",
+        link.devices.keys().max_by_key(|id| id.len())
+    );
+    Ok(link)
+}
+
+fn dev_dir(kubelet_dir: &Path) -> PathBuf {
+    kubelet_dir.join("dev")
+}
+
+/// `/dev/nvidia<minor>` as a character device 195:<minor>, in the test's own directory.
+fn fake_node(dev: &Path, minor: u32) -> Result<PathBuf> {
+    std::fs::create_dir_all(dev)?;
+    let path = dev.join(format!("nvidia{minor}"));
+    if !path.exists() {
+        mknod(
+            &path,
+            SFlag::S_IFCHR,
+            Mode::from_bits_truncate(0o666),
+            makedev(NVIDIA_MAJOR, u64::from(minor)),
+        )
+        .with_context(|| format!("mknod {} c {NVIDIA_MAJOR} {minor}", path.display()))?;
+    }
+    Ok(path)
+}
+
+fn pod_spec(name: &str) -> PodSpec {
+    PodSpec::new(name, "default", GPU_MPS_HANDLER)
+}
+
+fn report_container(name: &str) -> ContainerSpec {
+    ContainerSpec::new(name, TEST_IMAGE)
+        .command(&["/checker"])
+        .args(&["report", HOLD])
+}
+
+/// A pod with one container given `allocated`, created and started as kubelet does.
+async fn run_allocated(
+    cri: &mut CriClient,
+    pod_spec: PodSpec,
+    allocated: &Allocated,
+) -> Result<(Pod, Result<Container, tonic::Status>)> {
+    let pod = cri.run_pod_sandbox(&pod_spec).await?;
+    let spec = apply_allocation(report_container(&pod_spec.name), &allocated.response);
+    let container = match cri.create_container(&pod, &spec).await {
+        Ok(container) => match cri.start_container(&container).await {
+            Ok(()) => Ok(container),
+            Err(status) => {
+                let _ = cri.delete_container(&container).await;
+                Err(status)
+            }
+        },
+        Err(status) => Err(status),
+    };
+    Ok((pod, container))
+}
+
+/// The GPU and unit numbers of device IDs `<uuid>-m<n>`.
+fn units_of(ids: &[String]) -> (String, Vec<u32>) {
+    let mut gpu = String::new();
+    let mut units: Vec<u32> = ids
+        .iter()
+        .filter_map(|id| {
+            let (uuid, n) = id.rsplit_once("-m")?;
+            gpu = uuid.to_string();
+            n.parse().ok()
+        })
+        .collect();
+    units.sort_unstable();
+    (gpu, units)
+}
+
+/// The checker shows the container's memory limit and thread cap as the units set them, and
+/// the manager's lease carries the same units on the same GPU.
+async fn holds_its_units(
+    cluster: &Cluster,
+    cri: &mut CriClient,
+    container: &Container,
+    allocated: &Allocated,
+) -> Result<()> {
+    let report = Report::parse(&cri.first_stdout_line(container, WAIT).await?)?;
+    let size = allocated.ids.len() as u64;
+    let memory = report.env("CUDA_MPS_PINNED_DEVICE_MEM_LIMIT").unwrap_or("");
+    ensure!(
+        memory == format!("0={}M", size * 1024),
+        "{}: CUDA_MPS_PINNED_DEVICE_MEM_LIMIT={memory:?} for {size} units",
+        container.name
+    );
+    // The default cap: twice the memory share, rounded up.
+    let share = (size as f64 / UNITS_PER_GPU as f64 * 2.0 * 100.0)
+        .ceil()
+        .min(100.0) as u64;
+    let threads = report.env("CUDA_MPS_ACTIVE_THREAD_PERCENTAGE").unwrap_or("");
+    ensure!(
+        threads == share.to_string(),
+        "{}: CUDA_MPS_ACTIVE_THREAD_PERCENTAGE={threads:?}, expected {share} (2 x {size}/{UNITS_PER_GPU})",
+        container.name
+    );
+    let status = cluster.node.manager.status().await?;
+    let lease = status
+        .lease(&container.id)
+        .with_context(|| format!("no lease of {}: {status:#?}", container.name))?;
+    let (gpu, units) = units_of(&allocated.ids);
+    ensure!(
+        lease.gpu_uuids == [gpu.clone()]
+            && lease.memory_units == units
+            && lease.memory_limit_bytes == size * GIB,
+        "{}: lease {lease:?}, expected GPU {gpu} units {units:?}",
+        container.name
+    );
+    Ok(())
+}
+
+/// The manager's capacity view counts exactly the units handed out on each GPU.
+async fn manager_counts(cluster: &Cluster, expected: &BTreeMap<String, u64>) -> Result<()> {
+    let status = cluster.node.manager.status().await?;
+    for gpu in &status.gpus {
+        let want = expected.get(&gpu.uuid).copied().unwrap_or(0) * GIB;
+        ensure!(
+            gpu.memory_reserved_bytes == want,
+            "GPU {}: the manager counts {} bytes, the plugin handed out {want}",
+            gpu.uuid,
+            gpu.memory_reserved_bytes
+        );
+    }
+    Ok(())
+}
+
+/// Seven pods of three sizes (2, 2, 2, 4, 4, 6, 6 units) placed by units, each held to its
+/// allocation: best fit puts the first five on GPU 0 and the 6-unit pods on GPU 1. A pod that
+/// asks 12Gi by annotation gets its 2 units; a pod that writes the plugin's annotation itself
+/// and has a GPU without units is refused (the forged pod annotation never reaches the spec).
+async fn units_place_pods_by_size_and_set_their_limits(suite: Suite) -> Result<()> {
+    let mut cluster = Cluster::start(&suite).await?;
+    let mut cri = cluster.node.cri().await?;
+    let (gpu0, gpu1) = (
+        cluster.node.gpu_uuid(0).to_string(),
+        cluster.node.gpu_uuid(1).to_string(),
+    );
+    let sizes = [2usize, 2, 2, 4, 4, 6, 6];
+    let expected_gpu = [&gpu0, &gpu0, &gpu0, &gpu0, &gpu0, &gpu1, &gpu1];
+    let mut running = Vec::new();
+    let mut counted: BTreeMap<String, u64> = BTreeMap::new();
+    for (i, size) in sizes.iter().enumerate() {
+        let name = format!("sized-{i}-{size}u");
+        let allocated = cluster.allocate(&name, *size).await?;
+        let (gpu, _) = units_of(&allocated.ids);
+        ensure!(
+            &gpu == expected_gpu[i] && allocated.preferred == allocated.ids,
+            "{name}: kubelet gave {:?} (plugin preferred {:?}), expected all on {}",
+            allocated.ids,
+            allocated.preferred,
+            expected_gpu[i]
+        );
+        let mut spec = pod_spec(&name);
+        if i == 0 {
+            spec = spec.annotation(MEMORY_LIMIT, "12Gi");
+        }
+        let (pod, container) = run_allocated(&mut cri, spec, &allocated).await?;
+        let container = container.map_err(|s| anyhow::anyhow!("{name}: {}", s.message()))?;
+        holds_its_units(&cluster, &mut cri, &container, &allocated).await?;
+        *counted.entry(gpu.clone()).or_default() += *size as u64;
+        println!("{}: {name}: {size} units on {gpu}", suite.containerd_version);
+        running.push((pod, container, name));
+    }
+    manager_counts(&cluster, &counted).await?;
+
+    // A GPU handed over without units, and the plugin's annotation forged on the pod.
+    let forged_units: Vec<String> = (0..UNITS_PER_GPU).map(|n| format!("{gpu1}-m{n}")).collect();
+    let forger = pod_spec("forger").annotation(ALLOCATED_UNITS, &forged_units.join(","));
+    let pod = cri.run_pod_sandbox(&forger).await?;
+    let mut spec = report_container("forger");
+    spec.devices.push(k8s_cri::v1::Device {
+        container_path: "/dev/nvidia0".into(),
+        host_path: fake_node(&dev_dir(cluster.dir.path()), 0)?.display().to_string(),
+        permissions: "rw".into(),
+    });
+    let refused = match cri.create_container(&pod, &spec).await {
+        Ok(c) => match cri.start_container(&c).await {
+            Ok(()) => bail!("a GPU container without units started on a node that schedules by units"),
+            Err(status) => status.message().to_string(),
+        },
+        Err(status) => status.message().to_string(),
+    };
+    ensure!(
+        refused.contains("without units of it") && refused.contains(RESOURCE_NAME),
+        "the forger was not refused for its missing units: {refused}"
+    );
+    println!(
+        "{}: forged annotation: refused: {refused}",
+        suite.containerd_version
+    );
+    cri.delete_pod(&pod).await?;
+    manager_counts(&cluster, &counted).await?;
+
+    for (pod, container, name) in running {
+        cri.delete_container(&container).await?;
+        cri.delete_pod(&pod).await?;
+        cluster.devices.free(&name);
+    }
+    cluster
+        .node
+        .manager
+        .wait_status("all leases released", WAIT, |s| s.leases.is_empty())
+        .await?;
+    Ok(())
+}
+
+/// Bad input kubelet could send, and what the node does with each:
+/// - a spread: both GPUs have 5 free units, a pod asks 8: kubelet sees 10 available, the plugin
+///   prefers nothing (no single GPU fits), kubelet tops up across both, Allocate refuses;
+/// - unknown and duplicate device IDs: Allocate refuses with one line each;
+/// - units that a running container holds, allocated again (kubelet lost its checkpoint):
+///   Allocate cannot know, the manager refuses the container naming the holder, nothing leaks,
+///   and once the holder is gone the same units start.
+async fn a_spread_an_unknown_unit_and_a_held_unit_are_refused(suite: Suite) -> Result<()> {
+    let mut cluster = Cluster::start(&suite).await?;
+    let mut cri = cluster.node.cri().await?;
+    let gpu0 = cluster.node.gpu_uuid(0).to_string();
+    cluster.allocate("fill-0", 10).await?;
+    cluster.allocate("fill-1", 10).await?;
+    let spread = cluster.allocate("spread", 8).await;
+    let message = match spread {
+        Ok(a) => bail!("an allocation across GPUs was accepted: {:?}", a.ids),
+        Err(e) => format!("{e:#}"),
+    };
+    ensure!(
+        message.contains("must come from one GPU"),
+        "the spread was not refused for spanning GPUs: {message}"
+    );
+    println!("{}: spread refused: {message}", suite.containerd_version);
+    cluster.devices.free("fill-0");
+    cluster.devices.free("fill-1");
+
+    for (ids, expected) in [
+        (
+            vec!["GPU-nope-m0".to_string()],
+            "is not a gpu-mps.io/memory unit of this node",
+        ),
+        (vec![format!("{gpu0}-m1"), format!("{gpu0}-m1")], "is named twice"),
+        (
+            vec![format!("{gpu0}-m{UNITS_PER_GPU}")],
+            "is not a gpu-mps.io/memory unit of this node",
+        ),
+    ] {
+        match allocate_ids(&mut cluster.link, &ids).await {
+            Ok(r) => bail!("Allocate {ids:?} was accepted: {r:?}"),
+            Err(status) => ensure!(
+                status.code() == tonic::Code::InvalidArgument
+                    && status.message().contains(expected)
+                    && !status.message().contains('\n'),
+                "Allocate {ids:?}: {status:?}"
+            ),
+        }
+    }
+
+    let holder_units = cluster.allocate("holder", 3).await?;
+    let (holder_pod, holder) = run_allocated(&mut cri, pod_spec("holder"), &holder_units).await?;
+    let holder = holder.map_err(|s| anyhow::anyhow!("holder: {}", s.message()))?;
+    let again = Allocated {
+        response: allocate_ids(&mut cluster.link, &holder_units.ids).await?,
+        ..holder_units.clone()
+    };
+    let gates_before = cluster.node.manager.gate_dir_names();
+    let (twin_pod, twin) = run_allocated(&mut cri, pod_spec("twin"), &again).await?;
+    let message = match twin {
+        Ok(c) => bail!("container {} started on units a running container holds", c.name),
+        Err(status) => status.message().to_string(),
+    };
+    ensure!(
+        message.contains(&format!("is held by container {}", holder.id)),
+        "the twin was not refused for the held units: {message}"
+    );
+    println!("{}: held units refused: {message}", suite.containerd_version);
+    let status = cluster.node.manager.status().await?;
+    ensure!(
+        status.leases.len() == 1,
+        "the refused twin left a lease: {status:#?}"
+    );
+    ensure!(
+        cluster.node.manager.gate_dir_names() == gates_before,
+        "the refused twin left a gate dir"
+    );
+    cri.delete_pod(&twin_pod).await?;
+    cri.delete_container(&holder).await?;
+    cri.delete_pod(&holder_pod).await?;
+    cluster
+        .node
+        .manager
+        .wait_status("the holder's lease released", WAIT, |s| s.leases.is_empty())
+        .await?;
+    let (pod, after) = run_allocated(&mut cri, pod_spec("after-holder"), &again).await?;
+    let after = after.map_err(|s| anyhow::anyhow!("after the holder left: {}", s.message()))?;
+    holds_its_units(&cluster, &mut cri, &after, &again).await?;
+    cri.delete_container(&after).await?;
+    cri.delete_pod(&pod).await?;
+    Ok(())
+}
+
+/// kubelet restarts (a new kubelet.sock, every plugin socket removed): the plugin registers
+/// again. The plugin restarts: it registers again with the same devices, and since it keeps no
+/// state, kubelet's record and the manager's leases stay the truth: a new allocation does not
+/// reuse the running container's units, and the manager counts both once.
+async fn kubelet_and_plugin_restarts_lose_nothing(suite: Suite) -> Result<()> {
+    let mut cluster = Cluster::start(&suite).await?;
+    let mut cri = cluster.node.cri().await?;
+    let first = cluster.allocate("first", 4).await?;
+    let (first_pod, first_c) = run_allocated(&mut cri, pod_spec("first"), &first).await?;
+    let first_c = first_c.map_err(|s| anyhow::anyhow!("first: {}", s.message()))?;
+
+    let started = std::time::Instant::now();
+    cluster.kubelet.restart()?;
+    cluster.link = register(&mut cluster.kubelet).await?;
+    println!(
+        "{}: kubelet restart: registered again after {:.1} s",
+        suite.containerd_version,
+        started.elapsed().as_secs_f64()
+    );
+
+    cluster.plugin.kill();
+    let started = std::time::Instant::now();
+    cluster.plugin = PluginProcess::start(
+        &cluster.node.bins,
+        cluster.node.manager.config_path(),
+        cluster.dir.path(),
+        &dev_dir(cluster.dir.path()),
+        &cluster.cdi_dirs,
+    )?;
+    cluster.link = register(&mut cluster.kubelet).await?;
+    println!(
+        "{}: plugin restart: registered again after {:.1} s",
+        suite.containerd_version,
+        started.elapsed().as_secs_f64()
+    );
+
+    let second = cluster.allocate("second", 4).await?;
+    let overlap: BTreeSet<&String> = first.ids.iter().filter(|id| second.ids.contains(id)).collect();
+    ensure!(overlap.is_empty(), "units allocated twice: {overlap:?}");
+    let (second_pod, second_c) = run_allocated(&mut cri, pod_spec("second"), &second).await?;
+    let second_c = second_c.map_err(|s| anyhow::anyhow!("second: {}", s.message()))?;
+    holds_its_units(&cluster, &mut cri, &second_c, &second).await?;
+    let (gpu, _) = units_of(&first.ids);
+    manager_counts(&cluster, &BTreeMap::from([(gpu, 8)])).await?;
+    for (pod, c) in [(first_pod, first_c), (second_pod, second_c)] {
+        cri.delete_container(&c).await?;
+        cri.delete_pod(&pod).await?;
+    }
+    Ok(())
+}
+
+/// A GPU whose daemon cannot start turns Unhealthy in ListAndWatch, and Healthy again once a
+/// daemon starts; with the manager down every unit turns Unhealthy, and back when it returns.
+async fn health_follows_the_manager(suite: Suite) -> Result<()> {
+    let mut cluster = Cluster::start(&suite).await?;
+    let mut cri = cluster.node.cri().await?;
+    let gpu1 = cluster.node.gpu_uuid(1).to_string();
+    // A file where the daemon's directory goes: the manager cannot start GPU 1's daemon.
+    let blocker = cluster
+        .node
+        .manager
+        .config()
+        .daemon_dir(&gpu_mps_api::DaemonKey::new([gpu1.clone()]));
+    std::fs::create_dir_all(blocker.parent().context("daemon dir parent")?)?;
+    std::fs::write(&blocker, "blocks the daemon dir\n")?;
+    let ids: Vec<String> = (0..3).map(|n| format!("{gpu1}-m{n}")).collect();
+    let response = allocate_ids(&mut cluster.link, &ids).await?;
+    let allocated = Allocated {
+        ids: ids.clone(),
+        preferred: Vec::new(),
+        response,
+    };
+    let (pod, refused) = run_allocated(&mut cri, pod_spec("blocked"), &allocated).await?;
+    ensure!(refused.is_err(), "a container started although its daemon cannot");
+    cri.delete_pod(&pod).await?;
+    let gpu1_units = move |d: &BTreeMap<String, String>, health: &str| {
+        d.iter()
+            .filter(|(id, _)| id.starts_with(&gpu1))
+            .all(|(_, h)| h == health)
+            && d.iter()
+                .filter(|(id, _)| !id.starts_with(&gpu1))
+                .all(|(_, h)| h == "Healthy")
+    };
+    let g = gpu1_units.clone();
+    cluster
+        .link
+        .watch_until("GPU 1 Unhealthy", WAIT, move |d| g(d, "Unhealthy"))
+        .await?;
+    println!(
+        "{}: GPU 1 Unhealthy while its daemon cannot start",
+        suite.containerd_version
+    );
+    std::fs::remove_file(&blocker)?;
+    let (pod, started) = run_allocated(&mut cri, pod_spec("unblocked"), &allocated).await?;
+    let started = started.map_err(|s| anyhow::anyhow!("after the fix: {}", s.message()))?;
+    let g = gpu1_units.clone();
+    cluster
+        .link
+        .watch_until("GPU 1 Healthy again", WAIT, move |d| g(d, "Healthy"))
+        .await?;
+    println!(
+        "{}: GPU 1 Healthy again once its daemon started",
+        suite.containerd_version
+    );
+    cri.delete_container(&started).await?;
+    cri.delete_pod(&pod).await?;
+
+    cluster.node.manager.kill();
+    cluster
+        .link
+        .watch_until("every unit Unhealthy with the manager down", WAIT, |d| {
+            d.values().all(|h| h == "Unhealthy")
+        })
+        .await?;
+    cluster.node.manager.start_again().await?;
+    cluster
+        .link
+        .watch_until("every unit Healthy with the manager back", WAIT, |d| {
+            d.values().all(|h| h == "Healthy")
+        })
+        .await?;
+    println!(
+        "{}: manager down: all Unhealthy; back: all Healthy",
+        suite.containerd_version
+    );
+    Ok(())
+}
+
+/// Ten allocations of 3 units sent at once on ten connections, then the ten containers created
+/// at once: every container that got units is admitted, and the manager counts 30 units, no
+/// GPU over its 15.
+async fn many_allocations_at_once_are_all_admitted(suite: Suite) -> Result<()> {
+    let mut cluster = Cluster::start(&suite).await?;
+    // kubelet decides the IDs one pod at a time (its device manager holds a lock); the plugin
+    // then gets the Allocate calls concurrently.
+    let mut picks = Vec::new();
+    for i in 0..10 {
+        let name = format!("race-{i}");
+        let available = cluster.devices.available(&cluster.link);
+        let ids: Vec<String> = {
+            let preferred = cluster
+                .link
+                .client
+                .get_preferred_allocation(gpu_mps_device_plugin::v1beta1::PreferredAllocationRequest {
+                    container_requests: vec![
+                        gpu_mps_device_plugin::v1beta1::ContainerPreferredAllocationRequest {
+                            available_device_i_ds: available.iter().cloned().collect(),
+                            must_include_device_i_ds: Vec::new(),
+                            allocation_size: 3,
+                        },
+                    ],
+                })
+                .await?
+                .into_inner();
+            preferred.container_responses[0].device_i_ds.clone()
+        };
+        ensure!(ids.len() == 3, "{name}: preferred {ids:?}");
+        cluster.devices.in_use.insert(name.clone(), ids.clone());
+        picks.push((name, ids));
+    }
+    let registration_endpoint = cluster.dir.path().join("gpu-mps.sock");
+    let calls = picks.iter().map(|(name, ids)| {
+        let endpoint = registration_endpoint.clone();
+        async move {
+            let channel = tonic::transport::Endpoint::try_from("http://[::]:0")?
+                .connect_with_connector(tower::service_fn(move |_: tonic::transport::Uri| {
+                    let endpoint = endpoint.clone();
+                    async move {
+                        Ok::<_, std::io::Error>(hyper_util::rt::TokioIo::new(
+                            tokio::net::UnixStream::connect(endpoint).await?,
+                        ))
+                    }
+                }))
+                .await?;
+            let mut client =
+                gpu_mps_device_plugin::v1beta1::device_plugin_client::DevicePluginClient::new(channel);
+            let response = client
+                .allocate(gpu_mps_device_plugin::v1beta1::AllocateRequest {
+                    container_requests: vec![gpu_mps_device_plugin::v1beta1::ContainerAllocateRequest {
+                        devices_ids: ids.clone(),
+                    }],
+                })
+                .await?
+                .into_inner();
+            Ok::<_, anyhow::Error>(Allocated {
+                ids: ids.clone(),
+                preferred: ids.clone(),
+                response: response.container_responses[0].clone(),
+            })
+            .map(|a| (name.clone(), a))
+        }
+    });
+    let allocations: Vec<(String, Allocated)> = futures_all(calls).await?;
+    let creates = allocations.iter().map(|(name, allocated)| {
+        let node = &cluster.node;
+        async move {
+            let mut cri = node.containerd.cri().await?;
+            let (pod, c) = run_allocated(&mut cri, pod_spec(name), allocated).await?;
+            let c = c.map_err(|s| anyhow::anyhow!("{name}: {}", s.message()))?;
+            Ok::<_, anyhow::Error>((pod, c))
+        }
+    });
+    cluster.node.cri().await?; // the test image, imported once before the races
+    let started: Vec<(Pod, Container)> = futures_all(creates).await?;
+    let mut counted: BTreeMap<String, u64> = BTreeMap::new();
+    for (_, allocated) in &allocations {
+        *counted.entry(units_of(&allocated.ids).0).or_default() += 3;
+    }
+    ensure!(
+        counted.values().all(|u| *u <= UNITS_PER_GPU as u64),
+        "over a GPU: {counted:?}"
+    );
+    manager_counts(&cluster, &counted).await?;
+    let status = cluster.node.manager.status().await?;
+    ensure!(
+        status.leases.len() == 10,
+        "{} leases for 10 containers",
+        status.leases.len()
+    );
+    println!(
+        "{}: 10 concurrent allocations and creates: all admitted, units per GPU {counted:?}",
+        suite.containerd_version
+    );
+    let mut cri = cluster.node.containerd.cri().await?;
+    for (pod, c) in started {
+        cri.delete_container(&c).await?;
+        cri.delete_pod(&pod).await?;
+    }
+    Ok(())
+}
+
+/// Runs the futures concurrently on the test's runtime; the first error wins.
+async fn futures_all<T, F>(futures: impl IntoIterator<Item = F>) -> Result<Vec<T>>
+where
+    F: std::future::Future<Output = Result<T>>,
+{
+    let mut set = Vec::new();
+    for f in futures {
+        set.push(Box::pin(f));
+    }
+    let mut results = Vec::new();
+    // join_all without the futures crate: poll them together through a select loop.
+    let outputs = join_all(set).await;
+    for output in outputs {
+        results.push(output?);
+    }
+    Ok(results)
+}
+
+async fn join_all<F: std::future::Future + Unpin>(mut futures: Vec<F>) -> Vec<F::Output> {
+    let mut outputs: Vec<Option<F::Output>> = futures.iter().map(|_| None).collect();
+    std::future::poll_fn(|cx| {
+        let mut pending = false;
+        for (i, f) in futures.iter_mut().enumerate() {
+            if outputs[i].is_none() {
+                match std::pin::Pin::new(f).poll(cx) {
+                    std::task::Poll::Ready(v) => outputs[i] = Some(v),
+                    std::task::Poll::Pending => pending = true,
+                }
+            }
+        }
+        if pending {
+            std::task::Poll::Pending
+        } else {
+            std::task::Poll::Ready(())
+        }
+    })
+    .await;
+    outputs.into_iter().flatten().collect()
+}
+
+/// With an NVIDIA CDI spec naming GPU 0, Allocate hands it over as the CDI device
+/// `nvidia.com/gpu=<uuid>` (no env, no device nodes); containerd resolves it into the node, and
+/// the container runs on GPU 0's daemon with its units. containerd 1.6 has no CDI: skipped there.
+async fn a_gpu_with_a_cdi_spec_goes_as_a_cdi_device(suite: Suite) -> Result<()> {
+    if !suite.has_cdi() {
+        println!("skipped: containerd {} has no CDI", suite.containerd_version);
+        return Ok(());
+    }
+    let gpus = fake_gpus(2, FAKE_GPU_MEMORY);
+    let holder = tempfile::Builder::new().prefix("gme2e-cdinode.").tempdir()?;
+    let node0 = fake_node(holder.path(), gpus[0].minor)?;
+    let cdi = CdiOptions {
+        enabled: Some(true),
+        specs: vec![cdi::gpu_node_spec(&[(gpus[0].uuid.clone(), node0)])],
+    };
+    let mut cluster = Cluster::start_with(&suite, cdi, true).await?;
+    let mut cri = cluster.node.cri().await?;
+    let allocated = cluster.allocate("cdi", 2).await?;
+    let gpu0 = cluster.node.gpu_uuid(0).to_string();
+    ensure!(
+        allocated.response.cdi_devices.len() == 1
+            && allocated.response.cdi_devices[0].name == format!("nvidia.com/gpu={gpu0}")
+            && allocated.response.envs.is_empty()
+            && allocated.response.devices.is_empty(),
+        "Allocate did not hand GPU 0 over as a CDI device: {:?}",
+        allocated.response
+    );
+    let (pod, c) = run_allocated(&mut cri, pod_spec("cdi"), &allocated).await?;
+    let c = c.map_err(|s| anyhow::anyhow!("cdi: {}", s.message()))?;
+    holds_its_units(&cluster, &mut cri, &c, &allocated).await?;
+    let spec = cluster.node.containerd.bundle_spec(CRI_NAMESPACE, &c.id)?;
+    let has_node = spec
+        .pointer("/linux/devices")
+        .and_then(|d| d.as_array())
+        .is_some_and(|d| d.iter().any(|d| d["major"] == NVIDIA_MAJOR));
+    ensure!(
+        has_node,
+        "containerd did not resolve the CDI device into a device node"
+    );
+    println!(
+        "{}: CDI device nvidia.com/gpu={gpu0} resolved, 2 units held",
+        suite.containerd_version
+    );
+    cri.delete_container(&c).await?;
+    cri.delete_pod(&pod).await?;
+    Ok(())
+}
