@@ -16,8 +16,11 @@ if [ ! -f .carry/containerd-trixie.VERSIONS ] || ! cmp -s "$suite/VERSIONS" .car
 fi
 bash scripts/build-release.sh
 RUSTFLAGS='-C target-feature=+crt-static' cargo build --release -p gpu-mps-checker --target x86_64-unknown-linux-gnu
+# The test kubelet of tests/gpu/schedule.sh.
+cargo build --release -p gpu-mps-e2e --bin kubelet-gpu-run
 stage=$(mktemp -d)
-cp target/dist/{gpu-mps-shim,gpu-mps-hook,gpu-mps-manager,gpu-mps} "$stage/"
+cp target/dist/{gpu-mps-shim,gpu-mps-hook,gpu-mps-manager,gpu-mps,gpu-mps-device-plugin} "$stage/"
+cp target/release/kubelet-gpu-run "$stage/"
 cp target/x86_64-unknown-linux-gnu/release/gpu-mps-checker "$stage/"
 tar -C "$stage" -cJf .carry/gpu-mps-bin.tar.xz .
 rm -rf "$stage"
