@@ -14,12 +14,12 @@ say() { echo "install-on-host: $*"; }
 [ -d "$host/etc" ] || { say "no host root at $host"; exit 1; }
 
 install -d -m 0755 "$host/usr/local/bin"
-for b in gpu-mps-shim gpu-mps-hook gpu-mps-manager gpu-mps; do
+for b in gpu-mps-shim gpu-mps-hook gpu-mps-manager gpu-mps gpu-mps-device-plugin; do
     # A rename, never a write in place: runc may be running the old shim or hook right now.
     install -m 0755 "$dist/bin/$b" "$host/usr/local/bin/.$b.gpu-mps-new"
     mv -f "$host/usr/local/bin/.$b.gpu-mps-new" "$host/usr/local/bin/$b"
 done
-say "installed gpu-mps-shim, gpu-mps-hook, gpu-mps-manager and gpu-mps into /usr/local/bin"
+say "installed gpu-mps-shim, gpu-mps-hook, gpu-mps-manager, gpu-mps and gpu-mps-device-plugin into /usr/local/bin"
 
 # The node's config belongs to the node once it exists: edit it there (or manage it with your
 # configuration tool); a new image never overwrites it.

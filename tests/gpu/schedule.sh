@@ -88,9 +88,9 @@ for _ in $(seq 100); do [ -S "$ROOT/manager.sock" ] && break; sleep 0.1; done
 
 log "test kubelet: plugin -> CRI -> MPS"
 BIN_DIR=$W/bin GPU_MPS_CACHE=$W/cache GPU_MPS_CONFIG=$CFG KUBELET_DIR=$W/kubelet OUT=$OUT \
-    HOST_MOUNTS=/usr,/lib,/lib64,/bin,/sbin,/opt/torch,/etc/alternatives CHECK_DIR=$W/check \
-    PYTHON=/opt/torch/.venv/bin/python3 SECONDS=${SCHEDULE_SECONDS:-15} \
-    timeout 480 "$W/bin/kubelet-gpu-run"
+    HOST_MOUNTS=/usr,/lib,/lib64,/bin,/sbin,/etc,/opt/torch CHECK_DIR=$W/check \
+    PYTHON=/opt/torch/.venv/bin/python3 SECONDS=${SCHEDULE_SECONDS:-10} \
+    timeout 300 "$W/bin/kubelet-gpu-run"
 rc=$?
 log "kubelet-gpu-run exited $rc"
 python3 - "$OUT/schedule.jsonl" <<'PY'

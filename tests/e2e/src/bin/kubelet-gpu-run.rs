@@ -106,7 +106,7 @@ async fn main() -> Result<()> {
         allocations.push((name, *size, allocated));
     }
     for regime in ["mps-2x", "mps-1x", "timeslice"] {
-        let start_at = now() + 25.0;
+        let start_at = now() + 20.0;
         let mut running: Vec<(Pod, Container, String, usize)> = Vec::new();
         for (name, size, allocated) in &allocations {
             let handler = if regime == "timeslice" {
