@@ -376,6 +376,62 @@ mod tests {
         }
     }
 
+    fn allocated(units: u32) -> AllocatedMemory {
+        AllocatedMemory {
+            memory_bytes: u64::from(units) * GI,
+            units,
+            min_units_per_process: 3,
+            max_clients_per_gpu: 48,
+            default_thread_percentage: 12,
+            thread_share_factor: 2.0,
+        }
+    }
+
+    #[test]
+    fn allocated_units_set_the_memory_over_any_annotation() {
+        let a = annotations(&[(MEMORY_LIMIT, "64Gi"), ("infer.gpu-mps.io/memory-limit", "32Gi")]);
+        let r = resolve_allocated_limits(&a, "infer", rules(None), allocated(8)).unwrap();
+        assert_eq!(r.limits.memory_bytes, 8 * GI);
+        assert_eq!(r.memory_source, LimitSource::DevicePlugin(8));
+        assert_eq!(r.limits.thread_percentage, 12);
+        assert_eq!(r.threads_source, LimitSource::MemoryShare("2".into()));
+        assert_eq!(
+            r.memory_source.to_string(),
+            "device plugin allocation (8 units of gpu-mps.io/memory)"
+        );
+        let a = annotations(&[(ACTIVE_THREAD_PERCENTAGE, "50")]);
+        let r = resolve_allocated_limits(&a, "infer", rules(None), allocated(8)).unwrap();
+        assert_eq!(r.limits.thread_percentage, 50);
+    }
+
+    #[test]
+    fn every_process_needs_the_minimum_of_units() {
+        let a = annotations(&[(CUDA_PROCESSES, "3")]);
+        let e = resolve_allocated_limits(&a, "infer", rules(None), allocated(8))
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.starts_with("3 CUDA processes need at least 9 units") && e.contains("got 8"),
+            "{e}"
+        );
+        assert!(resolve_allocated_limits(&a, "infer", rules(None), allocated(9)).is_ok());
+    }
+
+    #[test]
+    fn thread_and_process_maximums_still_hold_for_allocated_containers() {
+        let mut node = rules(None);
+        node.maxima = Maxima {
+            memory_bytes: Some(GI),
+            thread_percentage: 10,
+            cuda_processes: 4,
+        };
+        // The memory maximum is the scheduler's business once units are allocated.
+        let a = annotations(&[(ACTIVE_THREAD_PERCENTAGE, "10")]);
+        assert!(resolve_allocated_limits(&a, "infer", node, allocated(8)).is_ok());
+        let a = annotations(&[(ACTIVE_THREAD_PERCENTAGE, "11")]);
+        assert!(resolve_allocated_limits(&a, "infer", node, allocated(8)).is_err());
+    }
+
     #[test]
     fn cuda_processes_come_from_annotations_or_the_node_default() {
         let a = annotations(&[(MEMORY_LIMIT, "4Gi"), (CUDA_PROCESSES, "4")]);
