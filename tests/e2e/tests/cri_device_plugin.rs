@@ -37,6 +37,7 @@ per_suite!(
     health_follows_the_manager,
     many_allocations_at_once_are_all_admitted,
     a_gpu_with_a_cdi_spec_goes_as_a_cdi_device,
+    the_client_limit_is_kept_by_a_minimum_of_units,
 );
 
 const WAIT: Duration = Duration::from_secs(20);
@@ -72,12 +73,21 @@ impl Cluster {
 
     /// `plugin_reads_cdi`: the plugin looks for CDI specs in containerd's CDI dir.
     async fn start_with(suite: &Suite, cdi: CdiOptions, plugin_reads_cdi: bool) -> Result<Cluster> {
+        Cluster::start_configured(suite, limits(), cdi, plugin_reads_cdi).await
+    }
+
+    async fn start_configured(
+        suite: &Suite,
+        limits: LimitsConfig,
+        cdi: CdiOptions,
+        plugin_reads_cdi: bool,
+    ) -> Result<Cluster> {
         let dir = tempfile::Builder::new().prefix("gme2e-kubelet.").tempdir()?;
         let gpus = fake_gpus(2, FAKE_GPU_MEMORY);
         for gpu in &gpus {
             fake_node(&dev_dir(dir.path()), gpu.minor)?;
         }
-        let node = GpuNode::start_with(suite, limits(), gpus, cdi).await?;
+        let node = GpuNode::start_with(suite, limits, gpus, cdi).await?;
         let mut kubelet = TestKubelet::start(dir.path())?;
         let cdi_dirs = if plugin_reads_cdi {
             vec![node.containerd.cdi_dir()]
@@ -745,5 +755,87 @@ async fn a_gpu_with_a_cdi_spec_goes_as_a_cdi_device(suite: Suite) -> Result<()> 
     );
     cri.delete_container(&c).await?;
     cri.delete_pod(&pod).await?;
+    Ok(())
+}
+
+/// MPS serves a fixed number of clients per GPU (48; 4 on this node, so that the test can reach
+/// it): every CUDA process must hold ceil(15 units / 4) = 4 units. Allocate refuses 3 units; the
+/// shim refuses 2 processes on 4 units; four 4-unit pods fit, three on GPU 0 and one on GPU 1, and
+/// no GPU ever serves more processes than it may.
+async fn the_client_limit_is_kept_by_a_minimum_of_units(suite: Suite) -> Result<()> {
+    let mut cluster = Cluster::start_configured(
+        &suite,
+        limits().limit("max_clients_per_gpu = 4"),
+        CdiOptions::default(),
+        false,
+    )
+    .await?;
+    let mut cri = cluster.node.cri().await?;
+    let message = match cluster.allocate("small", 3).await {
+        Ok(a) => bail!("3 units were allocated below the minimum: {:?}", a.ids),
+        Err(e) => format!("{e:#}"),
+    };
+    ensure!(
+        message.contains("fewer than the 4 this node needs per CUDA process")
+            && message.contains("ask for at least 4"),
+        "Allocate of 3 units: {message}"
+    );
+    cluster.devices.free("small");
+
+    let two = cluster.allocate("two-processes", 4).await?;
+    let spec = pod_spec("two-processes").annotation(gpu_mps_api::annotations::CUDA_PROCESSES, "2");
+    let (pod, refused) = run_allocated(&mut cri, spec, &two).await?;
+    let message = match refused {
+        Ok(c) => bail!("container {} with 2 processes on 4 units started", c.name),
+        Err(status) => status.message().to_string(),
+    };
+    ensure!(
+        message.contains("2 CUDA processes need at least 8 units") && message.contains("got 4"),
+        "2 processes on 4 units: {message}"
+    );
+    cri.delete_pod(&pod).await?;
+    cluster.devices.free("two-processes");
+
+    let mut running = Vec::new();
+    for i in 0..4 {
+        let name = format!("four-{i}");
+        let allocated = cluster.allocate(&name, 4).await?;
+        let (pod, c) = run_allocated(&mut cri, pod_spec(&name), &allocated).await?;
+        let c = c.map_err(|s| anyhow::anyhow!("{name}: {}", s.message()))?;
+        running.push((pod, c, units_of(&allocated.ids).0));
+    }
+    let (gpu0, gpu1) = (
+        cluster.node.gpu_uuid(0).to_string(),
+        cluster.node.gpu_uuid(1).to_string(),
+    );
+    let on = |gpu: &str| running.iter().filter(|(_, _, g)| g == gpu).count();
+    ensure!(
+        on(&gpu0) == 3 && on(&gpu1) == 1,
+        "placement {} on GPU 0, {} on GPU 1",
+        on(&gpu0),
+        on(&gpu1)
+    );
+    let status = cluster.node.manager.status().await?;
+    for gpu in &status.gpus {
+        let processes: u32 = status
+            .leases
+            .iter()
+            .filter(|l| l.gpu_uuids.contains(&gpu.uuid))
+            .map(|l| l.cuda_processes)
+            .sum();
+        ensure!(
+            processes <= 4,
+            "GPU {} serves {processes} processes, more than 4",
+            gpu.uuid
+        );
+    }
+    println!(
+        "{}: minimum 4 units per process: 3 units refused by Allocate, 2 processes on 4 units refused by the shim, 3 + 1 pods placed",
+        suite.containerd_version
+    );
+    for (pod, c, _) in running {
+        cri.delete_container(&c).await?;
+        cri.delete_pod(&pod).await?;
+    }
     Ok(())
 }
