@@ -192,7 +192,7 @@ async fn main() -> Result<()> {
         tokio::time::sleep(Duration::from_secs(4)).await;
     }
     drop(plugin);
-    let _ = std::fs::copy(&containerd.log_path().to_path_buf(), out.join("containerd.log"));
+    let _ = std::fs::copy(containerd.log_path(), out.join("containerd.log"));
     Ok(())
 }
 
