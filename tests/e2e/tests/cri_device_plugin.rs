@@ -38,6 +38,7 @@ per_suite!(
     many_allocations_at_once_are_all_admitted,
     a_gpu_with_a_cdi_spec_goes_as_a_cdi_device,
     the_client_limit_is_kept_by_a_minimum_of_units,
+    one_and_eight_gpus_pack_best_fit_and_refuse_a_spread,
 );
 
 const WAIT: Duration = Duration::from_secs(20);
@@ -73,17 +74,18 @@ impl Cluster {
 
     /// `plugin_reads_cdi`: the plugin looks for CDI specs in containerd's CDI dir.
     async fn start_with(suite: &Suite, cdi: CdiOptions, plugin_reads_cdi: bool) -> Result<Cluster> {
-        Cluster::start_configured(suite, limits(), cdi, plugin_reads_cdi).await
+        Cluster::start_configured(suite, limits(), 2, cdi, plugin_reads_cdi).await
     }
 
     async fn start_configured(
         suite: &Suite,
         limits: LimitsConfig,
+        gpu_count: u32,
         cdi: CdiOptions,
         plugin_reads_cdi: bool,
     ) -> Result<Cluster> {
         let dir = tempfile::Builder::new().prefix("gme2e-kubelet.").tempdir()?;
-        let gpus = fake_gpus(2, FAKE_GPU_MEMORY);
+        let gpus = fake_gpus(gpu_count, FAKE_GPU_MEMORY);
         for gpu in &gpus {
             fake_node(&dev_dir(dir.path()), gpu.minor)?;
         }
@@ -101,7 +103,7 @@ impl Cluster {
             &dev_dir(dir.path()),
             &cdi_dirs,
         )?;
-        let link = register(&mut kubelet).await?;
+        let link = register(&mut kubelet, gpu_count as usize).await?;
         Ok(Cluster {
             node,
             dir,
@@ -120,7 +122,7 @@ impl Cluster {
 
 /// Takes the plugin's registration, checks it, and follows its ListAndWatch until every unit
 /// of both GPUs is listed healthy.
-async fn register(kubelet: &mut TestKubelet) -> Result<PluginLink> {
+async fn register(kubelet: &mut TestKubelet, gpu_count: usize) -> Result<PluginLink> {
     let registration = kubelet.registration().await?;
     ensure!(
         registration.resource_name == RESOURCE_NAME && registration.version == "v1beta1",
@@ -135,7 +137,7 @@ async fn register(kubelet: &mut TestKubelet) -> Result<PluginLink> {
     );
     let mut link = kubelet.plugin(&registration).await?;
     link.watch_until("every unit healthy", WAIT, |d| {
-        d.len() == 2 * UNITS_PER_GPU && d.values().all(|h| h == "Healthy")
+        d.len() == gpu_count * UNITS_PER_GPU && d.values().all(|h| h == "Healthy")
     })
     .await?;
     ensure!(
@@ -452,7 +454,7 @@ async fn kubelet_and_plugin_restarts_lose_nothing(suite: Suite) -> Result<()> {
 
     let started = std::time::Instant::now();
     cluster.kubelet.restart()?;
-    cluster.link = register(&mut cluster.kubelet).await?;
+    cluster.link = register(&mut cluster.kubelet, 2).await?;
     println!(
         "{}: kubelet restart: registered again after {:.1} s",
         suite.containerd_version,
@@ -468,7 +470,7 @@ async fn kubelet_and_plugin_restarts_lose_nothing(suite: Suite) -> Result<()> {
         &dev_dir(cluster.dir.path()),
         &cluster.cdi_dirs,
     )?;
-    cluster.link = register(&mut cluster.kubelet).await?;
+    cluster.link = register(&mut cluster.kubelet, 2).await?;
     println!(
         "{}: plugin restart: registered again after {:.1} s",
         suite.containerd_version,
@@ -766,6 +768,7 @@ async fn the_client_limit_is_kept_by_a_minimum_of_units(suite: Suite) -> Result<
     let mut cluster = Cluster::start_configured(
         &suite,
         limits().limit("max_clients_per_gpu = 4"),
+        2,
         CdiOptions::default(),
         false,
     )
@@ -837,5 +840,96 @@ async fn the_client_limit_is_kept_by_a_minimum_of_units(suite: Suite) -> Result<
         cri.delete_container(&c).await?;
         cri.delete_pod(&pod).await?;
     }
+    Ok(())
+}
+
+/// Inventories of one and eight GPUs.
+/// One GPU: 8 + 7 units fill it; kubelet has no unit left for the next pod (it never reaches the
+/// plugin), and a pod leaving makes room again.
+/// Eight GPUs: 10 units on each leave 5 free on every GPU (40 on the node); a 6-unit pod fits the
+/// node but no GPU and Allocate refuses the spread; with one GPU emptied, a 5-unit pod still goes to
+/// the tightest GPU that holds it (best fit), and a 12-unit pod to the empty one.
+async fn one_and_eight_gpus_pack_best_fit_and_refuse_a_spread(suite: Suite) -> Result<()> {
+    let mut one = Cluster::start_configured(&suite, limits(), 1, CdiOptions::default(), false).await?;
+    let mut cri = one.node.cri().await?;
+    let gpu = one.node.gpu_uuid(0).to_string();
+    let big = one.allocate("big", 8).await?;
+    let (big_pod, big_c) = run_allocated(&mut cri, pod_spec("big"), &big).await?;
+    let big_c = big_c.map_err(|s| anyhow::anyhow!("big: {}", s.message()))?;
+    holds_its_units(&one, &mut cri, &big_c, &big).await?;
+    let rest = one.allocate("rest", 7).await?;
+    ensure!(units_of(&rest.ids).0 == gpu, "rest: {:?}", rest.ids);
+    let full = one.allocate("one-more", 1).await;
+    ensure!(
+        full.as_ref()
+            .is_err_and(|e| e.to_string().contains("Available: 0")),
+        "a pod got units of a full GPU: {:?}",
+        full.map(|a| a.ids)
+    );
+    cri.delete_container(&big_c).await?;
+    cri.delete_pod(&big_pod).await?;
+    one.devices.free("big");
+    let again = one.allocate("after-big", 8).await?;
+    let (pod, c) = run_allocated(&mut cri, pod_spec("after-big"), &again).await?;
+    let c = c.map_err(|s| anyhow::anyhow!("after-big: {}", s.message()))?;
+    holds_its_units(&one, &mut cri, &c, &again).await?;
+    cri.delete_container(&c).await?;
+    cri.delete_pod(&pod).await?;
+    println!(
+        "{}: 1 GPU: 8 + 7 units filled it, the next pod found none, 8 again once one left",
+        suite.containerd_version
+    );
+    drop(cri);
+    drop(one);
+
+    let mut eight = Cluster::start_configured(&suite, limits(), 8, CdiOptions::default(), false).await?;
+    let mut cri = eight.node.cri().await?;
+    let mut per_gpu: BTreeMap<String, usize> = BTreeMap::new();
+    for i in 0..8 {
+        let a = eight.allocate(&format!("ten-{i}"), 10).await?;
+        *per_gpu.entry(units_of(&a.ids).0).or_default() += 1;
+    }
+    ensure!(
+        per_gpu.len() == 8 && per_gpu.values().all(|n| *n == 1),
+        "10-unit pods not one per GPU: {per_gpu:?}"
+    );
+    let spread = eight.allocate("six", 6).await;
+    let message = match spread {
+        Ok(a) => bail!("6 units across GPUs were accepted: {:?}", a.ids),
+        Err(e) => format!("{e:#}"),
+    };
+    ensure!(
+        message.contains("must come from one GPU"),
+        "the spread: {message}"
+    );
+    eight.devices.free("six");
+    // Empty GPU 3: best fit still puts 5 units on a GPU with exactly 5 free.
+    let gpu3 = eight.node.gpu_uuid(3).to_string();
+    let on_gpu3 = eight
+        .devices
+        .in_use
+        .iter()
+        .find(|(_, ids)| units_of(ids).0 == gpu3)
+        .map(|(name, _)| name.clone())
+        .context("no pod on GPU 3")?;
+    eight.devices.free(&on_gpu3);
+    let five = eight.allocate("five", 5).await?;
+    let five_gpu = units_of(&five.ids).0;
+    ensure!(five_gpu != gpu3, "best fit put 5 units on the empty GPU 3");
+    let twelve = eight.allocate("twelve", 12).await?;
+    ensure!(
+        units_of(&twelve.ids).0 == gpu3,
+        "12 units not on the empty GPU 3: {:?}",
+        twelve.ids
+    );
+    let (pod, c) = run_allocated(&mut cri, pod_spec("twelve"), &twelve).await?;
+    let c = c.map_err(|s| anyhow::anyhow!("twelve: {}", s.message()))?;
+    holds_its_units(&eight, &mut cri, &c, &twelve).await?;
+    cri.delete_container(&c).await?;
+    cri.delete_pod(&pod).await?;
+    println!(
+        "{}: 8 GPUs: 6 units refused as a spread with 5 free on each GPU; 5 went to a full-fit GPU ({five_gpu}), 12 to the emptied one",
+        suite.containerd_version
+    );
     Ok(())
 }
