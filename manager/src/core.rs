@@ -492,9 +492,17 @@ impl ManagerCore {
         pipe_dir: &Path,
         log_dir: &Path,
     ) -> Result<ProcessIdentity, ManagerError> {
-        let orphan = mps_control::read_pid_file(pipe_dir)
+        let named = mps_control::read_pid_file(pipe_dir)
             .and_then(ProcessIdentity::of)
             .filter(|p| p.is_alive());
+        // Only a process started for this pipe dir is its daemon: the pid may have been reused.
+        let orphan = named.filter(|p| {
+            let ours = crate::mps_server_processes::serves_pipe_dir(p.pid, pipe_dir);
+            if !ours {
+                warn!(daemon = %key, pid = p.pid, "the daemon's pid file names a process that is not an MPS control daemon of this pipe dir (the pid was reused); leaving that process alone");
+            }
+            ours
+        });
         if let Some(identity) = orphan {
             if self.control.command(pipe_dir, "get_server_list").await.is_ok() {
                 warn!(daemon = %key, pid = identity.pid, "adopting an MPS control daemon missing from the state");

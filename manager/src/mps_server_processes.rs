@@ -38,6 +38,13 @@ fn names_pipe_dir(environ: &[u8], pipe_dir: &Path) -> bool {
         .any(|value| Path::new(OsStr::from_bytes(value)) == pipe_dir)
 }
 
+/// True if process `pid` runs with `CUDA_MPS_PIPE_DIRECTORY=<pipe_dir>`, as every MPS control
+/// daemon the manager starts does: a pid file can name a pid the kernel has since given to an
+/// unrelated process, which must never be signalled.
+pub fn serves_pipe_dir(pid: u32, pipe_dir: &Path) -> bool {
+    std::fs::read(format!("/proc/{pid}/environ")).is_ok_and(|environ| names_pipe_dir(&environ, pipe_dir))
+}
+
 /// The server processes of `pipe_dir` running now. Processes whose environment cannot be read
 /// (gone meanwhile, or another user's without privilege) are not counted.
 pub fn servers_of(pipe_dir: &Path) -> Vec<ServerProcess> {

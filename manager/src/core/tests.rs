@@ -74,7 +74,12 @@ impl MpsControl for FakeControl {
         pipe_dir: &Path,
         _log: &Path,
     ) -> Result<u32, ControlError> {
-        let child = Command::new("sleep").arg("600").spawn().expect("spawn sleep");
+        // Like the real daemon, it runs with its pipe dir in its environment.
+        let child = Command::new("sleep")
+            .arg("600")
+            .env("CUDA_MPS_PIPE_DIRECTORY", pipe_dir)
+            .spawn()
+            .expect("spawn sleep");
         let pid = child.id();
         self.silent.lock().unwrap().retain(|p| p != pipe_dir);
         std::fs::write(pipe_dir.join(mps_control::PID_FILE), pid.to_string()).unwrap();
@@ -876,6 +881,30 @@ async fn a_lease_needs_the_containers_process() {
     assert_eq!(err.code(), ttrpc::Code::INVALID_ARGUMENT);
     assert!(err.to_string().contains("no running process"), "{err}");
     assert!(m.status().await.leases.is_empty());
+}
+
+#[tokio::test]
+async fn a_pid_file_naming_a_reused_pid_never_gets_that_process_signalled() {
+    let e = env(LimitPolicy::Exact, Tenancy::Shared);
+    let m = core(&e).await;
+    // A daemon that died long ago left its pid file; the kernel gave the pid to another process.
+    let key = DaemonKey::new(["GPU-0"]);
+    let pipe_dir = e.config.pipe_dir(&key);
+    std::fs::create_dir_all(&pipe_dir).unwrap();
+    let mut stranger = Command::new("sleep").arg("600").spawn().unwrap();
+    std::fs::write(pipe_dir.join(mps_control::PID_FILE), stranger.id().to_string()).unwrap();
+    m.acquire(request("c1", "GPU-0", 4, 25, "ns")).await.unwrap();
+    assert!(
+        stranger.try_wait().unwrap().is_none(),
+        "the manager signalled an unrelated process named by a stale pid file"
+    );
+    assert_eq!(
+        *e.control.starts.lock().unwrap(),
+        1,
+        "a daemon of its own was started"
+    );
+    stranger.kill().unwrap();
+    stranger.wait().unwrap();
 }
 
 #[tokio::test]
