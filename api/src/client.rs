@@ -22,6 +22,10 @@ pub enum ClientError {
         reason: String,
     },
     #[error(
+        "gpu-mps-manager is not running at {socket}: {reason} (systemctl status gpu-mps-manager; journalctl -u gpu-mps-manager)"
+    )]
+    NotRunning { socket: String, reason: String },
+    #[error(
         "gpu-mps-manager did not answer within {seconds} s (is it hung or overloaded? journalctl -u gpu-mps-manager; gpu-mps status)"
     )]
     Timeout { seconds: u64 },
@@ -56,13 +60,33 @@ impl ManagerConnection {
                         return Err(ClientError::Unreachable {
                             socket: socket.display().to_string(),
                             seconds: budget.as_secs(),
-                            reason: one_line(&e.to_string()),
+                            reason: plain_reason(&e.to_string()),
                         });
                     }
                     std::thread::sleep(Duration::from_millis(200));
                 }
             }
         }
+    }
+
+    /// One attempt, for a person at a terminal: a manager that is not there is said at once
+    /// (the hook's [`connect`](Self::connect) keeps trying, as the manager may be restarting).
+    /// The calls then get `budget`.
+    pub fn connect_once(socket: &Path, budget: Duration) -> Result<Self, ClientError> {
+        let unreachable = |reason: String| ClientError::NotRunning {
+            socket: socket.display().to_string(),
+            reason,
+        };
+        if !socket.exists() {
+            return Err(unreachable("its socket does not exist".into()));
+        }
+        let client = ttrpc::Client::connect(&format!("unix://{}", socket.display()))
+            .map_err(|e| unreachable(plain_reason(&e.to_string())))?;
+        Ok(ManagerConnection {
+            client: ManagerClient::new(client),
+            deadline: Instant::now() + budget,
+            budget,
+        })
     }
 
     fn context(&self) -> Result<ttrpc::context::Context, ClientError> {
@@ -107,5 +131,73 @@ impl ManagerConnection {
         self.client
             .status(self.context()?, &proto::StatusRequest::new())
             .map_err(|e| self.map_err(e))
+    }
+}
+
+/// An OS error as a person reads it: ttrpc spells one "Nix error: ENOENT: No such file or
+/// directory"; the errno name says nothing the words do not.
+fn plain_reason(text: &str) -> String {
+    let text = one_line(text);
+    let tail = text.rsplit_once("Nix error: ").map_or(text.as_str(), |(_, t)| t);
+    match tail.split_once(": ") {
+        Some((errno, words))
+            if errno.len() > 1
+                && errno.starts_with('E')
+                && errno[1..].bytes().all(|b| b.is_ascii_uppercase()) =>
+        {
+            words.to_string()
+        }
+        _ => tail.to_string(),
+    }
+}
+
+#[cfg(test)]
+mod plain_reason_tests {
+    use super::plain_reason;
+
+    #[test]
+    fn errno_names_give_way_to_words() {
+        assert_eq!(
+            plain_reason("Nix error: ENOENT: No such file or directory"),
+            "No such file or directory"
+        );
+        assert_eq!(
+            plain_reason("Socket connect error Nix error: ECONNREFUSED: Connection refused"),
+            "Connection refused"
+        );
+        assert_eq!(
+            plain_reason("something else: entirely"),
+            "something else: entirely"
+        );
+    }
+
+    #[test]
+    fn a_missing_socket_is_said_at_once() {
+        let dir = tempfile::tempdir().unwrap();
+        let started = std::time::Instant::now();
+        let e = super::ManagerConnection::connect_once(
+            &dir.path().join("manager.sock"),
+            std::time::Duration::from_secs(5),
+        )
+        .err()
+        .unwrap()
+        .to_string();
+        assert!(started.elapsed() < std::time::Duration::from_millis(500));
+        assert!(
+            e.contains("is not running") && e.contains("does not exist") && !e.contains("ENOENT"),
+            "{e}"
+        );
+        // A socket file nobody listens on.
+        let path = dir.path().join("stale.sock");
+        drop(std::os::unix::net::UnixListener::bind(&path).unwrap());
+        let e = super::ManagerConnection::connect_once(&path, std::time::Duration::from_secs(5))
+            .err()
+            .unwrap()
+            .to_string();
+        assert!(started.elapsed() < std::time::Duration::from_secs(1), "{e}");
+        assert!(
+            e.contains("Connection refused") && !e.contains("Nix error"),
+            "{e}"
+        );
     }
 }

@@ -105,7 +105,7 @@ fn explain(bundle: &Path, config: &NodeConfig, inventory_path: &Path) -> anyhow:
 /// gpu-mps: inspect a gpu-mps node. `status` shows GPUs, MPS daemons and leases as the
 /// manager sees them; `explain` shows how gpu-mps-shim would rewrite a container's bundle.
 #[derive(Debug, Parser)]
-#[command(version, about, long_about)]
+#[command(name = "gpu-mps", version, about, long_about)]
 struct Args {
     /// Node config file (for the manager's socket and root).
     #[arg(long, global = true, env = node_config::CONFIG_ENV, default_value = node_config::DEFAULT_CONFIG_PATH)]
@@ -159,7 +159,7 @@ enum Command {
 
 fn status(args: &Args, config: &NodeConfig) -> anyhow::Result<StatusView> {
     let socket = args.socket.clone().unwrap_or_else(|| config.manager_socket());
-    let conn = ManagerConnection::connect(&socket, Duration::from_secs(5))?;
+    let conn = ManagerConnection::connect_once(&socket, Duration::from_secs(5))?;
     Ok(StatusView::from(&conn.status()?))
 }
 
