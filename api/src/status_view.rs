@@ -190,7 +190,15 @@ fn short(id: &str) -> String {
 impl StatusView {
     pub fn gpus_table(&self) -> String {
         table(
-            &["GPU", "UUID", "NAME", "MODE", "LEASES", "MEMORY RESERVED"],
+            &[
+                "GPU",
+                "UUID",
+                "NAME",
+                "MODE",
+                "LEASES",
+                "MEMORY RESERVED",
+                "HEALTH",
+            ],
             self.gpus
                 .iter()
                 .map(|g| {
@@ -205,6 +213,11 @@ impl StatusView {
                             format_bytes(g.memory_reserved_bytes),
                             format_bytes(g.memory_capacity_bytes)
                         ),
+                        if g.unhealthy_reason.is_empty() {
+                            "ok".to_string()
+                        } else {
+                            format!("UNHEALTHY: {}", g.unhealthy_reason)
+                        },
                     ]
                 })
                 .collect(),
@@ -253,6 +266,7 @@ impl StatusView {
                 "DAEMON",
                 "LIMITS",
                 "CUDA PROCS",
+                "UNITS",
                 "PID",
                 "REFUSED",
             ],
@@ -267,6 +281,12 @@ impl StatusView {
                         l.daemon.clone(),
                         limits(l.memory_limit_bytes, l.active_thread_percentage),
                         format!("{}/{}", l.admitted_pids.len(), l.cuda_processes),
+                        // The device plugin's gpu-mps.io/memory units; "-" without.
+                        if l.memory_units.is_empty() {
+                            "-".to_string()
+                        } else {
+                            l.memory_units.len().to_string()
+                        },
                         l.pid.to_string(),
                         if l.refusals == 0 {
                             "0".to_string()
@@ -322,6 +342,41 @@ mod tests {
         let json = serde_json::to_value(&view).unwrap();
         assert_eq!(json["daemons"][0]["leases"], 2);
         assert_eq!(json["policy"], "uniform");
+    }
+
+    #[test]
+    fn gpu_health_and_lease_units_are_shown() {
+        let mut s = proto::StatusResponse::new();
+        for (uuid, reason) in [
+            ("GPU-0", ""),
+            ("GPU-1", "its MPS daemon cannot start: no such file"),
+        ] {
+            let mut g = proto::Gpu::new();
+            g.uuid = uuid.into();
+            g.unhealthy_reason = reason.into();
+            s.gpus.push(g);
+        }
+        for (id, units) in [("c1", vec![3, 4, 5]), ("c2", vec![])] {
+            let mut l = proto::Lease::new();
+            l.container_id = id.into();
+            l.memory_units = units;
+            s.leases.push(l);
+        }
+        let view = StatusView::from(&s);
+        let gpus = view.gpus_table();
+        let rows: Vec<&str> = gpus.lines().collect();
+        assert!(rows[0].ends_with("HEALTH"), "{gpus}");
+        assert!(rows[1].ends_with("ok"), "{gpus}");
+        assert!(
+            rows[2].ends_with("UNHEALTHY: its MPS daemon cannot start: no such file"),
+            "{gpus}"
+        );
+        let leases = view.leases_table();
+        let units_col = leases.lines().next().unwrap().find("UNITS").unwrap();
+        let rows: Vec<&str> = leases.lines().collect();
+        assert_eq!(&rows[1][units_col..units_col + 1], "3", "{leases}");
+        assert_eq!(&rows[2][units_col..units_col + 1], "-", "{leases}");
+        assert_eq!(view.leases[0].memory_units, vec![3, 4, 5]);
     }
 
     #[test]
