@@ -32,7 +32,7 @@ pub struct AcquireArgs {
 impl AcquireArgs {
     /// `args` of the OCI hook, argv[0] included.
     pub fn to_hook_args(&self) -> Vec<String> {
-        vec![
+        let mut args = vec![
             "gpu-mps-hook".into(),
             STAGE_CREATE_RUNTIME.into(),
             format!("--socket={}", self.socket),
@@ -46,11 +46,16 @@ impl AcquireArgs {
             format!("--cuda-processes={}", self.cuda_processes),
             format!("--policy={}", self.policy),
             format!("--config-digest={}", self.config_digest),
-            format!(
+        ];
+        // Only with the device plugin: a container laid out without units has the same hook
+        // arguments as before units existed.
+        if !self.memory_units.is_empty() {
+            args.push(format!(
                 "--memory-units={}",
                 crate::memory_units::format_unit_list(&self.memory_units)
-            ),
-        ]
+            ));
+        }
+        args
     }
 }
 
