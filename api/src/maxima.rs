@@ -60,6 +60,17 @@ pub enum MaximaError {
 }
 
 impl Maxima {
+    /// The maximums for a container that gpu-mps-device-plugin allocated units to: its memory
+    /// was the scheduler's decision (a ResourceQuota or LimitRange on gpu-mps.io/memory limits
+    /// it), so the memory maximum would refuse after scheduling; threads and processes still hold.
+    /// The shim and the manager both use this, so they cannot disagree.
+    pub fn for_allocated_units(self) -> Maxima {
+        Maxima {
+            memory_bytes: None,
+            ..self
+        }
+    }
+
     /// Checks a container's total limits and number of CUDA processes; `scope` names where the
     /// maximums come from ("this node", "namespace team-a") for the message.
     pub fn check(&self, limits: Limits, processes: u32, scope: &str) -> Result<(), MaximaError> {

@@ -549,13 +549,25 @@ impl NodeConfig {
             16..=65536,
         )?;
         let device_plugin = device_plugin_config(&p, raw.device_plugin, d.device_plugin)?;
+        let tenancy = l.tenancy.unwrap_or(d.tenancy);
+        // Units promise the scheduler that any mix of sizes and namespaces fits a GPU: only one
+        // server holding each container to its own limits keeps that promise.
+        if device_plugin.enabled && (policy != LimitPolicy::Exact || tenancy != Tenancy::Shared) {
+            return Err(ConfigError::Invalid {
+                path: p,
+                key: "device_plugin.enabled",
+                message: format!(
+                    "scheduling by gpu-mps.io/memory units needs policy = \"exact\" and tenancy = \"shared\" (this node has {policy} and {tenancy}): under the others the manager would refuse pods the scheduler placed"
+                ),
+            });
+        }
         Ok(NodeConfig {
             device_plugin,
             root,
             hook_path: raw.hook_path.unwrap_or(d.hook_path),
             runc_path: raw.runc_path.unwrap_or(d.runc_path),
             policy,
-            tenancy: l.tenancy.unwrap_or(d.tenancy),
+            tenancy,
             default_limits,
             ceiling,
             overcommit,
@@ -1083,6 +1095,16 @@ mod tests {
                 .to_string();
             assert!(e.contains(key) && !e.contains('\n'), "{text}: {e}");
         }
+        for limits in ["policy = \"uniform\"", "tenancy = \"exclusive\""] {
+            let e = parse(&format!("[limits]\n{limits}\n[device_plugin]\nenabled = true\n"))
+                .unwrap_err()
+                .to_string();
+            assert!(
+                e.contains("device_plugin.enabled") && e.contains("exact"),
+                "{limits}: {e}"
+            );
+        }
+        assert!(parse("[limits]\npolicy = \"uniform\"\n[device_plugin]\nenabled = false\n").is_ok());
         let e = parse("[device_plugin]\nunit = \"1Gi\"\n")
             .unwrap_err()
             .to_string();

@@ -77,9 +77,28 @@ pub fn spec_names_gpu(file_name: &str, text: &str, uuid: &str) -> bool {
     false
 }
 
+/// Which ways of handing a GPU over the plugin may use.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum DeliveryMode {
+    /// The CDI device where a CDI spec names the GPU, else env and device nodes.
+    Auto,
+    /// Always env and device nodes (containerd or kubelet without CDI).
+    Nodes,
+}
+
 /// Decides the delivery of each GPU from the CDI spec dirs (in order; unreadable ones are
 /// skipped) and the device nodes under `dev_dir`.
-pub fn discover(gpus: &[GpuInfo], cdi_dirs: &[PathBuf], dev_dir: &Path) -> HashMap<String, GpuDelivery> {
+pub fn discover(
+    gpus: &[GpuInfo],
+    cdi_dirs: &[PathBuf],
+    dev_dir: &Path,
+    mode: DeliveryMode,
+) -> HashMap<String, GpuDelivery> {
+    let cdi_dirs = if mode == DeliveryMode::Nodes {
+        &[][..]
+    } else {
+        cdi_dirs
+    };
     let mut specs: Vec<(PathBuf, String)> = Vec::new();
     for dir in cdi_dirs {
         let Ok(entries) = std::fs::read_dir(dir) else {
@@ -180,7 +199,14 @@ mod tests {
             format!(r#"{{"kind":"nvidia.com/gpu","devices":[{{"name":"{UUID}"}}]}}"#),
         )
         .unwrap();
-        let found = discover(&gpus, &[dir.path().join("missing"), cdi.clone()], &dev);
+        let only_nodes = discover(&gpus, std::slice::from_ref(&cdi), &dev, DeliveryMode::Nodes);
+        assert!(matches!(only_nodes[UUID], GpuDelivery::DeviceNodes { .. }));
+        let found = discover(
+            &gpus,
+            &[dir.path().join("missing"), cdi.clone()],
+            &dev,
+            DeliveryMode::Auto,
+        );
         assert_eq!(
             found[UUID],
             GpuDelivery::Cdi {

@@ -12,7 +12,7 @@ use gpu_mps_api::memory_units::{RESOURCE_NAME, UnitLayout};
 use gpu_mps_api::node_config::DEFAULT_CONFIG_PATH;
 use gpu_mps_api::quantity::format_bytes;
 use gpu_mps_device_plugin::device_list::devices;
-use gpu_mps_device_plugin::gpu_delivery::discover;
+use gpu_mps_device_plugin::gpu_delivery::{DeliveryMode, discover};
 use gpu_mps_device_plugin::health::HealthTracker;
 use gpu_mps_device_plugin::kubelet_link::{self, socket_identity};
 use gpu_mps_device_plugin::node_view::{self, NodeViewError};
@@ -46,6 +46,11 @@ struct Args {
     /// Where to look for NVIDIA CDI specs; a GPU named in one is handed over as a CDI device.
     #[arg(long, value_delimiter = ',', default_value = "/etc/cdi,/var/run/cdi")]
     cdi_dirs: Vec<PathBuf>,
+    /// How GPUs reach containers: auto (a CDI device where a CDI spec names the GPU, else
+    /// NVIDIA_VISIBLE_DEVICES and device nodes) or nodes (always the latter: for containerd or
+    /// kubelet without CDI).
+    #[arg(long, value_enum, default_value = "auto")]
+    gpu_delivery: DeliveryMode,
     /// Where the GPU device nodes are (for GPUs handed over without CDI).
     #[arg(long, default_value = "/dev")]
     dev_dir: PathBuf,
@@ -88,7 +93,12 @@ async fn run(args: Args) -> Result<()> {
         .unit_policy(config.overcommit, config.max_clients_per_gpu);
     let layout =
         Arc::new(UnitLayout::new(&inventory.gpus, &policy).context("laying out gpu-mps.io/memory units")?);
-    let deliveries = Arc::new(discover(&inventory.gpus, &args.cdi_dirs, &args.dev_dir));
+    let deliveries = Arc::new(discover(
+        &inventory.gpus,
+        &args.cdi_dirs,
+        &args.dev_dir,
+        args.gpu_delivery,
+    ));
     for gpu in &layout.gpus {
         let via = deliveries
             .get(&gpu.uuid)
@@ -108,6 +118,7 @@ async fn run(args: Args) -> Result<()> {
     let (devices_tx, devices_rx) = watch::channel(devices(&layout, &HashMap::new()));
     tokio::spawn(watch_health(
         layout.clone(),
+        config.digest(),
         config.manager_socket(),
         Duration::from_millis(args.health_interval_ms.max(100)),
         devices_tx,
@@ -225,6 +236,7 @@ async fn register_until_done(
 /// writer of the list.
 async fn watch_health(
     layout: Arc<UnitLayout>,
+    config_digest: String,
     manager_socket: PathBuf,
     interval: Duration,
     devices_tx: watch::Sender<Vec<Device>>,
@@ -238,6 +250,14 @@ async fn watch_health(
         let poll = tokio::task::spawn_blocking(move || node_view::manager_status(&socket, budget))
             .await
             .unwrap_or_else(|e| Err(e.to_string()));
+        // Units laid out by another config than the manager's would promise kubelet memory the
+        // shim then measures differently: start over (the DaemonSet restarts the plugin).
+        if let Ok(status) = &poll {
+            if !status.config_digest.is_empty() && status.config_digest != config_digest {
+                error!(plugin = %config_digest, manager = %status.config_digest, "gpu-mps-manager runs with another node config than the units were laid out by; exiting to lay them out again");
+                std::process::exit(3);
+            }
+        }
         let before = tracker.unhealthy().clone();
         let changed = match &poll {
             Ok(status) => tracker.observe(Ok(status)),

@@ -27,9 +27,16 @@ pub enum NodeViewError {
 /// lay units out exactly as the shim and the manager see them.
 pub fn load_config(path: &Path) -> Result<NodeConfig, NodeViewError> {
     let from_file = NodeConfig::load(path)?;
-    let published = std::fs::read_to_string(from_file.published_path())
-        .ok()
-        .and_then(|text| PublishedConfig::from_json(&text).ok());
+    let published = match std::fs::read_to_string(from_file.published_path()) {
+        Ok(text) => match PublishedConfig::from_json(&text) {
+            Ok(p) => Some(p),
+            Err(e) => {
+                tracing::warn!(path = %from_file.published_path().display(), error = %e, "the manager's published config is not valid; using the config file");
+                None
+            }
+        },
+        Err(_) => None,
+    };
     Ok(published.map_or(from_file, |p| p.config))
 }
 

@@ -91,10 +91,15 @@ struct Inner {
     lease_gone_since: HashMap<String, i64>,
     /// Daemons found stuck outside a gate (at adoption): replaced at the next reconcile.
     stuck_daemons: Vec<WedgeReport>,
-    /// The last failed start of each daemon (by dir), until one succeeds: its GPUs report
-    /// unhealthy meanwhile.
-    start_failures: HashMap<DaemonKey, String>,
+    /// The last failed start of each daemon, when (unix seconds) and why: its GPUs report
+    /// unhealthy for a while after it, unless a daemon of that key runs by then.
+    start_failures: HashMap<DaemonKey, (i64, String)>,
 }
+
+/// How long a GPU reports unhealthy after its daemon failed to start. Short: the device plugin
+/// turns the GPU's units Unhealthy meanwhile, so no new container comes to retry the start, and
+/// the GPU must come back by itself for the next one to try.
+const START_FAILURE_UNHEALTHY_SECONDS: i64 = 15;
 
 /// How long a GPU reports unhealthy after its server's last fatal fault: the server refuses new
 /// clients until the faulted ones have exited, which takes the framework seconds.
@@ -271,6 +276,11 @@ impl ManagerCore {
         let request = validate(&req)?;
         self.check_layout(&req)?;
         let (maxima, scope) = self.config.maxima_for(&req.namespace);
+        let maxima = if req.memory_units.is_empty() {
+            maxima
+        } else {
+            maxima.for_allocated_units()
+        };
         maxima
             .check(request.limits, request.cuda_processes, &scope)
             .map_err(|e| {
@@ -319,6 +329,25 @@ impl ManagerCore {
             inner.state.leases.remove(&req.container_id);
             mark_idle_if_unused(&mut inner.state, &existing.key);
         }
+        // kubelet hands out units once their pod has ended, which can be before the manager has
+        // dropped the lease of its container (release grace, a missed poststop): a holder whose
+        // process is gone gives its units up now rather than get the new container refused.
+        let gone_holders: Vec<LeaseRecord> = inner
+            .state
+            .leases
+            .values()
+            .filter(|l| {
+                l.key == request.key
+                    && request.memory_units.iter().any(|u| l.memory_units.contains(u))
+                    && !l.container_alive()
+            })
+            .cloned()
+            .collect();
+        for gone in gone_holders {
+            warn!(container = %gone.container_id, new_container = %req.container_id, "the units of a lease whose container is gone are given to a new container; the old lease is dropped");
+            inner.state.leases.remove(&gone.container_id);
+            mark_idle_if_unused(&mut inner.state, &gone.key);
+        }
         let live: Vec<&LeaseRecord> = inner.state.leases.values().collect();
         let server_limits = admission::admit(&inner.inventory.gpus, live.iter().copied(), &request, &self.policy)
             .inspect_err(|refusal| {
@@ -334,7 +363,7 @@ impl ManagerCore {
             Err(e) => {
                 inner.start_failures.insert(
                     request.key.clone(),
-                    gpu_mps_api::message::one_line(&e.to_string()),
+                    (now_unix(), gpu_mps_api::message::one_line(&e.to_string())),
                 );
                 return Err(e);
             }
@@ -1134,9 +1163,14 @@ fn daemon_proto(d: &DaemonRecord, leases: usize) -> proto::Daemon {
 
 /// Why `gpu` cannot take new containers now, or empty.
 fn unhealthy_reason(inner: &Inner, gpu: &str, now: i64) -> String {
-    for (key, error) in &inner.start_failures {
-        if key.contains(gpu) {
-            return format!("its MPS daemon cannot start: {error}");
+    for (key, (at, error)) in &inner.start_failures {
+        let running = inner
+            .state
+            .daemons
+            .get(&key.dir_name())
+            .is_some_and(|d| d.control.is_alive());
+        if key.contains(gpu) && now - at < START_FAILURE_UNHEALTHY_SECONDS && !running {
+            return format!("its MPS daemon could not start {}s ago: {error}", now - at);
         }
     }
     for d in inner.state.daemons.values().filter(|d| d.key.contains(gpu)) {

@@ -26,6 +26,21 @@ pub enum AllocationError {
         "the container got GPU {gpus}, but its {RESOURCE_NAME} units are on GPU {allocated}: a container must run on the GPU its units come from"
     )]
     OtherGpu { gpus: String, allocated: String },
+    #[error(
+        "the container got {RESOURCE_NAME} units ({units}) but no GPU reached its spec: where the device plugin hands GPUs over as CDI devices, containerd must have CDI on (enable_cdi on 1.7) and kubelet must pass CDI devices (1.28+); else start gpu-mps-device-plugin with --gpu-delivery=nodes"
+    )]
+    NoGpu { units: String },
+}
+
+/// Refuses a spec that carries units but no GPU: it would run without its GPU while its units
+/// stay taken.
+pub fn require_gpu_for_units(annotations: &HashMap<String, String>) -> Result<(), AllocationError> {
+    match annotations.get(ALLOCATED_UNITS) {
+        Some(units) => Err(AllocationError::NoGpu {
+            units: units.chars().take(120).collect(),
+        }),
+        None => Ok(()),
+    }
 }
 
 /// The allocation of a container and what it means for its limits; `None` when the spec
@@ -125,6 +140,16 @@ mod tests {
             .unwrap_err()
             .to_string();
         assert!(e.contains("resources.limits gpu-mps.io/memory"), "{e}");
+    }
+
+    #[test]
+    fn units_without_a_gpu_are_refused() {
+        let e = require_gpu_for_units(&with("GPU-a-m0")).unwrap_err().to_string();
+        assert!(
+            e.contains("no GPU reached its spec") && e.contains("--gpu-delivery=nodes"),
+            "{e}"
+        );
+        assert_eq!(require_gpu_for_units(&HashMap::new()), Ok(()));
     }
 
     #[test]

@@ -76,6 +76,9 @@ pub fn parse_spec(text: &str) -> Result<ParsedSpec, ShimError> {
     // A trusted source naming a GPU makes this Some: from here on the container is rewritten
     // or refused, never passed through.
     let devices = gpu_devices::requested(fields)?;
+    if devices.is_none() {
+        allocation::require_gpu_for_units(&annotations)?;
+    }
     let passthrough_reason = devices.is_none().then(|| gpu_devices::no_gpu_reason(fields));
     Ok(ParsedSpec {
         spec,

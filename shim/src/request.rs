@@ -193,13 +193,9 @@ pub fn resolve_allocated_limits(
         memory_bytes: allocated.memory_bytes,
         thread_percentage,
     };
-    // The memory maximum is the scheduler's business here (the pod asked for the units); the
-    // thread and process maximums still hold.
-    let maxima = Maxima {
-        memory_bytes: None,
-        ..rules.maxima
-    };
-    maxima
+    rules
+        .maxima
+        .for_allocated_units()
         .check(limits, cuda_processes, rules.maxima_scope)
         .map_err(RequestError::AboveMaximum)?;
     Ok(ResolvedLimits {

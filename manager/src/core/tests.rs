@@ -884,6 +884,33 @@ async fn a_lease_needs_the_containers_process() {
 }
 
 #[tokio::test]
+async fn units_of_a_gone_container_go_to_the_next_and_a_live_holder_keeps_them() {
+    let e = env(LimitPolicy::Exact, Tenancy::Shared);
+    let m = core(&e).await;
+    let mut holder = Command::new("sleep").arg("600").spawn().unwrap();
+    let mut first = request("c1", "GPU-0", 2, 25, "ns");
+    first.pid = holder.id();
+    first.memory_units = vec![0, 1];
+    m.acquire(first).await.unwrap();
+    let mut second = request("c2", "GPU-0", 2, 25, "ns");
+    second.pid = std::process::id();
+    second.memory_units = vec![1, 2];
+    let refused = m.acquire(second.clone()).await.unwrap_err();
+    assert!(
+        refused.to_string().contains("is held by container c1"),
+        "{refused}"
+    );
+    // c1's process is gone before the manager dropped its lease: c2 gets the unit.
+    holder.kill().unwrap();
+    holder.wait().unwrap();
+    m.acquire(second).await.unwrap();
+    let status = m.status().await;
+    assert_eq!(status.leases.len(), 1);
+    assert_eq!(status.leases[0].container_id, "c2");
+    assert_eq!(status.leases[0].memory_units, vec![1, 2]);
+}
+
+#[tokio::test]
 async fn a_pid_file_naming_a_reused_pid_never_gets_that_process_signalled() {
     let e = env(LimitPolicy::Exact, Tenancy::Shared);
     let m = core(&e).await;
