@@ -47,7 +47,7 @@ pub async fn register(kubelet_socket: &Path, endpoint: &str, resource: &str) -> 
             async move { Ok::<_, std::io::Error>(TokioIo::new(UnixStream::connect(path).await?)) }
         }))
         .await
-        .map_err(|e| connect_err(format!("{e:?}")))?;
+        .map_err(|e| connect_err(error_chain(&e)))?;
     RegistrationClient::new(channel)
         .register(RegisterRequest {
             version: VERSION.into(),
@@ -61,6 +61,18 @@ pub async fn register(kubelet_socket: &Path, endpoint: &str, resource: &str) -> 
             message: status.message().to_string(),
         })?;
     Ok(())
+}
+
+/// An error and its causes on one line ("transport error: No such file or directory").
+fn error_chain(e: &dyn std::error::Error) -> String {
+    let mut text = e.to_string();
+    let mut source = e.source();
+    while let Some(cause) = source {
+        text.push_str(": ");
+        text.push_str(&cause.to_string());
+        source = cause.source();
+    }
+    text
 }
 
 /// A socket file's identity (device, inode), or `None` when it does not exist.
