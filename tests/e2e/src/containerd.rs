@@ -74,6 +74,8 @@ impl Snapshotter {
 pub struct Containerd {
     suite: Suite,
     child: Option<Child>,
+    /// containerd's command line and environment, to start it again ([`Containerd::restart`]).
+    launch: Launch,
     socket: PathBuf,
     state: PathBuf,
     runc_root: PathBuf,
@@ -119,23 +121,15 @@ impl Containerd {
             suite.bin_dir.display(),
             std::env::var("PATH").unwrap_or_else(|_| "/usr/sbin:/usr/bin:/sbin:/bin".into())
         );
-        let log = std::fs::File::create(&layout.log).context("creating containerd's log")?;
-        let mut command = Command::new(&suite.containerd);
-        command
-            .arg("--config")
-            .arg(&layout.config)
-            .env("PATH", path)
-            .env_remove("CONTAINERD_ADDRESS")
-            .stdin(Stdio::null())
-            .stdout(log.try_clone()?)
-            .stderr(log);
-        match &options.gpu_mps_config {
-            Some(config) => command.env(gpu_mps_api::node_config::CONFIG_ENV, config),
-            None => command.env_remove(gpu_mps_api::node_config::CONFIG_ENV),
+        std::fs::File::create(&layout.log).context("creating containerd's log")?;
+        let launch = Launch {
+            containerd: suite.containerd.clone(),
+            config: layout.config.clone(),
+            path,
+            gpu_mps_config: options.gpu_mps_config.clone(),
+            log: layout.log.clone(),
         };
-        let child = command
-            .spawn()
-            .with_context(|| format!("starting {}", suite.containerd.display()))?;
+        let child = launch.spawn()?;
         println!(
             "started {} at {} (snapshotter {}, runc {})",
             suite.containerd_version,
@@ -146,6 +140,7 @@ impl Containerd {
         let mut containerd = Containerd {
             suite: suite.clone(),
             child: Some(child),
+            launch,
             socket: layout.socket,
             state: layout.state,
             runc_root: layout.runc_root,
@@ -155,6 +150,16 @@ impl Containerd {
         };
         containerd.wait_for_socket().await?;
         Ok(containerd)
+    }
+
+    /// Stops containerd (SIGTERM, as systemd does) and starts it again on the same config, root
+    /// and state: its containers run on in their shims meanwhile. A CRI client must reconnect.
+    pub async fn restart(&mut self) -> Result<()> {
+        if let Some(mut child) = self.child.take() {
+            crate::processes::stop_child(&mut child, Duration::from_secs(10));
+        }
+        self.child = Some(self.launch.spawn()?);
+        self.wait_for_socket().await
     }
 
     async fn wait_for_socket(&mut self) -> Result<()> {
@@ -355,6 +360,43 @@ impl Drop for Containerd {
             text: self.log_tail(TAIL_LINES),
         });
         self.dir.unmount_all();
+    }
+}
+
+/// How a test's containerd is started.
+#[derive(Debug, Clone)]
+struct Launch {
+    containerd: PathBuf,
+    config: PathBuf,
+    /// PATH: the chosen runc first, then the suite's binaries.
+    path: String,
+    gpu_mps_config: Option<PathBuf>,
+    /// Appended to: a restarted containerd logs after the first.
+    log: PathBuf,
+}
+
+impl Launch {
+    fn spawn(&self) -> Result<Child> {
+        let log = std::fs::OpenOptions::new()
+            .append(true)
+            .open(&self.log)
+            .context("opening containerd's log")?;
+        let mut command = Command::new(&self.containerd);
+        command
+            .arg("--config")
+            .arg(&self.config)
+            .env("PATH", &self.path)
+            .env_remove("CONTAINERD_ADDRESS")
+            .stdin(Stdio::null())
+            .stdout(log.try_clone()?)
+            .stderr(log);
+        match &self.gpu_mps_config {
+            Some(config) => command.env(gpu_mps_api::node_config::CONFIG_ENV, config),
+            None => command.env_remove(gpu_mps_api::node_config::CONFIG_ENV),
+        };
+        command
+            .spawn()
+            .with_context(|| format!("starting {}", self.containerd.display()))
     }
 }
 
