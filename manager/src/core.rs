@@ -201,7 +201,10 @@ impl ManagerCore {
         .map_err(io_err(format!("writing {}", config.published_path().display())))?;
         info!(path = %config.published_path().display(), digest = %published.digest, policy = %config.policy, "node config published for gpu-mps-shim");
 
-        let mut state = State::load(&config.state_path())?;
+        let (mut state, state_note) = State::load_or_set_aside(&config.state_path(), now_unix());
+        if let Some(note) = state_note {
+            warn!("{note}");
+        }
         let stuck_daemons = adopt(&mut state, control.as_ref()).await;
         if config.exclusive_process {
             let enforced = compute_mode::enforce_exclusive_process(

@@ -97,6 +97,29 @@ impl State {
         Ok(state)
     }
 
+    /// Loads the state, or starts from an empty one when the file cannot be used (corrupt,
+    /// truncated, empty, another version, unreadable): a manager that refused to start would
+    /// strand every GPU pod of the node. The unusable file is renamed aside, kept for a person to
+    /// look at; the note says what happened, in one line. Running daemons are adopted again from
+    /// their pid files when their GPUs are next used.
+    pub fn load_or_set_aside(path: &Path, now_unix: i64) -> (State, Option<String>) {
+        let error = match State::load(path) {
+            Ok(state) => return (state, None),
+            Err(e) => e,
+        };
+        let aside = path.with_extension(format!("json.unusable-{now_unix}"));
+        let note = match std::fs::rename(path, &aside) {
+            Ok(()) => format!(
+                "{error}; starting from an empty state (the file is kept as {}; leases of running containers are not counted until they restart)",
+                aside.display()
+            ),
+            Err(e) => format!(
+                "{error}; starting from an empty state (the file could not be set aside: {e}; leases of running containers are not counted until they restart)"
+            ),
+        };
+        (State::default(), Some(gpu_mps_api::message::one_line(&note)))
+    }
+
     pub fn save(&self, path: &Path) -> Result<(), StateError> {
         let text = serde_json::to_vec_pretty(self).expect("state serializes");
         // Volatile: the state lives on tmpfs (/run/gpu-mps); see gpu_mps_api::files::Durability.
@@ -164,5 +187,38 @@ mod tests {
             State::load(&path),
             Err(StateError::Version { found: 99, .. })
         ));
+    }
+
+    #[test]
+    fn an_unusable_state_file_is_set_aside_and_the_manager_starts_empty() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("state.json");
+        let good = serde_json::to_string(&State::default()).unwrap();
+        let cases = [
+            ("corrupt", "{ this is not json".to_string()),
+            ("truncated", good[..good.len() / 2].to_string()),
+            ("empty", String::new()),
+            (
+                "another version",
+                good.replace(&format!("\"version\": {STATE_VERSION}"), "\"version\": 99")
+                    .replace(&format!("\"version\":{STATE_VERSION}"), "\"version\":99"),
+            ),
+        ];
+        for (i, (what, text)) in cases.iter().enumerate() {
+            std::fs::write(&path, text).unwrap();
+            let (state, note) = State::load_or_set_aside(&path, 1000 + i as i64);
+            assert_eq!(state, State::default(), "{what}");
+            let note = note.unwrap_or_else(|| panic!("{what}: no note"));
+            assert!(
+                note.contains("starting from an empty state") && !note.contains('\n'),
+                "{what}: {note}"
+            );
+            assert!(!path.exists(), "{what}: the file was not set aside");
+            let aside = dir.path().join(format!("state.json.unusable-{}", 1000 + i));
+            assert_eq!(std::fs::read_to_string(&aside).unwrap(), *text, "{what}");
+        }
+        // A good file loads as it is, with no note.
+        std::fs::write(&path, &good).unwrap();
+        assert_eq!(State::load_or_set_aside(&path, 5), (State::default(), None));
     }
 }

@@ -911,6 +911,22 @@ async fn units_of_a_gone_container_go_to_the_next_and_a_live_holder_keeps_them()
 }
 
 #[tokio::test]
+async fn a_corrupt_state_file_never_keeps_the_manager_from_starting() {
+    let e = env(LimitPolicy::Exact, Tenancy::Shared);
+    std::fs::create_dir_all(&e.config.root).unwrap();
+    std::fs::write(e.config.state_path(), "{\"version\": 1, \"daemons\": {").unwrap();
+    let m = core(&e).await;
+    m.acquire(request("c1", "GPU-0", 4, 25, "ns")).await.unwrap();
+    assert_eq!(m.status().await.leases.len(), 1);
+    let kept = std::fs::read_dir(&e.config.root).unwrap().flatten().any(|f| {
+        f.file_name()
+            .to_string_lossy()
+            .starts_with("state.json.unusable-")
+    });
+    assert!(kept, "the corrupt file was not kept aside");
+}
+
+#[tokio::test]
 async fn a_pid_file_naming_a_reused_pid_never_gets_that_process_signalled() {
     let e = env(LimitPolicy::Exact, Tenancy::Shared);
     let m = core(&e).await;
