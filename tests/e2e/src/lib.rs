@@ -10,6 +10,7 @@ pub mod checker;
 pub mod containerd;
 pub mod cri;
 pub mod ctr;
+pub mod device_nodes;
 pub mod diagnostics;
 pub mod image;
 pub mod kubelet;

@@ -20,6 +20,7 @@ use gpu_mps_api::memory_units::RESOURCE_NAME;
 use gpu_mps_e2e::checker::{CheckerLine, Report};
 use gpu_mps_e2e::containerd::{CRI_NAMESPACE, GPU_MPS_HANDLER};
 use gpu_mps_e2e::cri::{Container, Pod};
+use gpu_mps_e2e::device_nodes::{NVIDIA_MAJOR, make_gpu_node};
 use gpu_mps_e2e::image::TEST_IMAGE;
 use gpu_mps_e2e::kubelet::{
     Allocated, DeviceManager, PluginLink, PluginProcess, TestKubelet, allocate_ids, apply_allocation,
@@ -28,7 +29,6 @@ use gpu_mps_e2e::manager::{FAKE_GPU_MEMORY, fake_gpus};
 use gpu_mps_e2e::{
     CdiOptions, ContainerSpec, CriClient, GpuNode, LimitsConfig, PodSpec, StatusLookup, Suite, cdi, per_suite,
 };
-use nix::sys::stat::{Mode, SFlag, makedev, mknod};
 
 per_suite!(
     units_place_pods_by_size_and_set_their_limits,
@@ -43,7 +43,6 @@ per_suite!(
 
 const WAIT: Duration = Duration::from_secs(20);
 const HOLD: &str = "--hold-seconds=300";
-const NVIDIA_MAJOR: u64 = 195;
 /// Units per fake GPU: 16 GiB less the 1 GiB reserve, in 1 GiB units.
 const UNITS_PER_GPU: usize = 15;
 const GIB: u64 = 1 << 30;
@@ -156,15 +155,7 @@ fn dev_dir(kubelet_dir: &Path) -> PathBuf {
 fn fake_node(dev: &Path, minor: u32) -> Result<PathBuf> {
     std::fs::create_dir_all(dev)?;
     let path = dev.join(format!("nvidia{minor}"));
-    if !path.exists() {
-        mknod(
-            &path,
-            SFlag::S_IFCHR,
-            Mode::from_bits_truncate(0o666),
-            makedev(NVIDIA_MAJOR, u64::from(minor)),
-        )
-        .with_context(|| format!("mknod {} c {NVIDIA_MAJOR} {minor}", path.display()))?;
-    }
+    make_gpu_node(&path, minor)?;
     Ok(path)
 }
 

@@ -21,6 +21,7 @@ use gpu_mps_e2e::cdi;
 use gpu_mps_e2e::checker::{CheckerLine, Report};
 use gpu_mps_e2e::containerd::{CRI_NAMESPACE, GPU_MPS_HANDLER};
 use gpu_mps_e2e::cri::{Container, Pod};
+use gpu_mps_e2e::device_nodes::{NVIDIA_MAJOR, make_gpu_node};
 use gpu_mps_e2e::image::TEST_IMAGE;
 use gpu_mps_e2e::manager::{FAKE_GPU_MEMORY, fake_gpus};
 use gpu_mps_e2e::{
@@ -29,7 +30,6 @@ use gpu_mps_e2e::{
 use hyper_util::rt::TokioIo;
 use k8s_cri::v1 as cri;
 use k8s_cri::v1::runtime_service_client::RuntimeServiceClient;
-use nix::sys::stat::{Mode, SFlag, makedev, mknod};
 use tokio::net::UnixStream;
 use tonic::transport::{Endpoint, Uri};
 
@@ -41,8 +41,6 @@ per_suite!(
 const WAIT: Duration = Duration::from_secs(20);
 /// Long enough to outlive any test; containers are removed (or killed) before.
 const HOLD: &str = "--hold-seconds=300";
-/// The major of NVIDIA's device nodes.
-const NVIDIA_MAJOR: u64 = 195;
 /// The fake GPUs' minors: GPU 0 is /dev/nvidia3, GPU 1 /dev/nvidia2 (not their indices, as
 /// when the driver numbers nodes in another order than NVML lists GPUs).
 const MINORS: [u32; 2] = [3, 2];
@@ -77,15 +75,7 @@ impl FakeNodes {
     /// A character device 195:<minor>, as the driver makes /dev/nvidia<minor>.
     fn make(&self, minor: u32) -> Result<PathBuf> {
         let path = self.dir.path().join(format!("nvidia-fake-{minor}"));
-        if !path.exists() {
-            mknod(
-                &path,
-                SFlag::S_IFCHR,
-                Mode::from_bits_truncate(0o666),
-                makedev(NVIDIA_MAJOR, u64::from(minor)),
-            )
-            .with_context(|| format!("mknod {} c {NVIDIA_MAJOR} {minor}", path.display()))?;
-        }
+        make_gpu_node(&path, minor)?;
         Ok(path)
     }
 }
