@@ -7,6 +7,7 @@
 pub mod binaries;
 pub mod cdi;
 pub mod checker;
+pub mod concurrent;
 pub mod containerd;
 pub mod cri;
 pub mod ctr;

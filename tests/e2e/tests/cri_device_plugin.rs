@@ -630,7 +630,7 @@ async fn many_allocations_at_once_are_all_admitted(suite: Suite) -> Result<()> {
             .map(|a| (name.clone(), a))
         }
     });
-    let allocations: Vec<(String, Allocated)> = futures_all(calls).await?;
+    let allocations: Vec<(String, Allocated)> = gpu_mps_e2e::concurrent::all_ok(calls).await?;
     let creates = allocations.iter().map(|(name, allocated)| {
         let node = &cluster.node;
         async move {
@@ -641,7 +641,7 @@ async fn many_allocations_at_once_are_all_admitted(suite: Suite) -> Result<()> {
         }
     });
     cluster.node.cri().await?; // the test image, imported once before the races
-    let started: Vec<(Pod, Container)> = futures_all(creates).await?;
+    let started: Vec<(Pod, Container)> = gpu_mps_e2e::concurrent::all_ok(creates).await?;
     let mut counted: BTreeMap<String, u64> = BTreeMap::new();
     for (_, allocated) in &allocations {
         *counted.entry(units_of(&allocated.ids).0).or_default() += 3;
@@ -667,46 +667,6 @@ async fn many_allocations_at_once_are_all_admitted(suite: Suite) -> Result<()> {
         cri.delete_pod(&pod).await?;
     }
     Ok(())
-}
-
-/// Runs the futures concurrently on the test's runtime; the first error wins.
-async fn futures_all<T, F>(futures: impl IntoIterator<Item = F>) -> Result<Vec<T>>
-where
-    F: std::future::Future<Output = Result<T>>,
-{
-    let mut set = Vec::new();
-    for f in futures {
-        set.push(Box::pin(f));
-    }
-    let mut results = Vec::new();
-    // join_all without the futures crate: poll them together through a select loop.
-    let outputs = join_all(set).await;
-    for output in outputs {
-        results.push(output?);
-    }
-    Ok(results)
-}
-
-async fn join_all<F: std::future::Future + Unpin>(mut futures: Vec<F>) -> Vec<F::Output> {
-    let mut outputs: Vec<Option<F::Output>> = futures.iter().map(|_| None).collect();
-    std::future::poll_fn(|cx| {
-        let mut pending = false;
-        for (i, f) in futures.iter_mut().enumerate() {
-            if outputs[i].is_none() {
-                match std::pin::Pin::new(f).poll(cx) {
-                    std::task::Poll::Ready(v) => outputs[i] = Some(v),
-                    std::task::Poll::Pending => pending = true,
-                }
-            }
-        }
-        if pending {
-            std::task::Poll::Pending
-        } else {
-            std::task::Poll::Ready(())
-        }
-    })
-    .await;
-    outputs.into_iter().flatten().collect()
 }
 
 /// With an NVIDIA CDI spec naming GPU 0, Allocate hands it over as the CDI device
