@@ -1,5 +1,6 @@
-//! Types shared by gpu-mps-shim, gpu-mps-hook and gpu-mps-manager. Pure, except the manager
-//! client ([`client`], [`proto`]) and the file writing every component shares ([`files`]).
+//! Types shared by gpu-mps-shim, gpu-mps-hook, gpu-mps-manager and gpu-mps-device-plugin. Pure,
+//! except the manager client ([`client`], [`proto`]), the file writing every component shares
+//! ([`files`]) and the node files every component reads ([`node_files`]).
 
 pub mod annotations;
 pub mod client;
@@ -13,6 +14,7 @@ pub mod maxima;
 pub mod memory_units;
 pub mod message;
 pub mod node_config;
+pub mod node_files;
 pub mod quantity;
 pub mod status_view;
 

@@ -10,12 +10,13 @@ use anyhow::{Context, Result};
 use clap::Parser;
 use gpu_mps_api::memory_units::{RESOURCE_NAME, UnitLayout};
 use gpu_mps_api::node_config::DEFAULT_CONFIG_PATH;
+use gpu_mps_api::node_files::{self, NodeFileError};
 use gpu_mps_api::quantity::format_bytes;
 use gpu_mps_device_plugin::device_list::devices;
 use gpu_mps_device_plugin::gpu_delivery::{DeliveryMode, discover};
 use gpu_mps_device_plugin::health::HealthTracker;
 use gpu_mps_device_plugin::kubelet_link::{self, socket_identity};
-use gpu_mps_device_plugin::node_view::{self, NodeViewError};
+use gpu_mps_device_plugin::node_view;
 use gpu_mps_device_plugin::service::PluginService;
 use gpu_mps_device_plugin::v1beta1::device_plugin_server::DevicePluginServer;
 use gpu_mps_device_plugin::v1beta1::{Device, KUBELET_SOCKET};
@@ -81,7 +82,9 @@ async fn main() {
 }
 
 async fn run(args: Args) -> Result<()> {
-    let config = node_view::load_config(&args.config)?;
+    // As the shim lays containers out: the running manager's published config, else the file.
+    let (config, origin) = node_files::load_effective_config(&args.config)?;
+    info!(config = %origin, "node config");
     if !config.device_plugin.enabled {
         warn!(
             "device_plugin.enabled is false in the gpu-mps node config: GPU containers without units still get GPUs and use memory the scheduler does not see; set it to true on nodes this plugin serves"
@@ -170,9 +173,9 @@ async fn run(args: Args) -> Result<()> {
 async fn wait_for_inventory(config: &gpu_mps_api::NodeConfig) -> Result<gpu_mps_api::inventory::Inventory> {
     let mut waited = 0u64;
     loop {
-        match node_view::load_inventory(config) {
+        match node_files::load_inventory(&config.inventory_path()) {
             Ok(inventory) => return Ok(inventory),
-            Err(e @ NodeViewError::InventoryMissing { .. }) => {
+            Err(e @ NodeFileError::InventoryMissing { .. }) => {
                 if waited % 30 == 0 {
                     warn!("{e}; waiting");
                 }
