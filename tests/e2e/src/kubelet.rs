@@ -111,9 +111,7 @@ impl TestKubelet {
 
     /// Connects to the plugin at the endpoint it registered.
     pub async fn plugin(&self, registration: &RegisterRequest) -> Result<PluginLink> {
-        let socket = self.dir.join(&registration.endpoint);
-        let channel = unix_channel(&socket).await?;
-        let mut client = DevicePluginClient::new(channel);
+        let mut client = plugin_client(&self.dir.join(&registration.endpoint)).await?;
         let options = client.get_device_plugin_options(Empty {}).await?.into_inner();
         let stream = client.list_and_watch(Empty {}).await?.into_inner();
         Ok(PluginLink {
@@ -131,6 +129,11 @@ impl Drop for TestKubelet {
             let _ = stop.send(());
         }
     }
+}
+
+/// A client of the device plugin serving on `socket`, on a connection of its own.
+pub async fn plugin_client(socket: &Path) -> Result<DevicePluginClient<Channel>> {
+    Ok(DevicePluginClient::new(unix_channel(socket).await?))
 }
 
 async fn unix_channel(socket: &Path) -> Result<Channel> {
@@ -278,12 +281,20 @@ pub async fn allocate_ids(
     link: &mut PluginLink,
     ids: &[String],
 ) -> Result<ContainerAllocateResponse, Status> {
+    allocate_on(&mut link.client, ids).await
+}
+
+/// [`allocate_ids`] on any client of the plugin.
+pub async fn allocate_on(
+    client: &mut DevicePluginClient<Channel>,
+    ids: &[String],
+) -> Result<ContainerAllocateResponse, Status> {
     let request = AllocateRequest {
         container_requests: vec![ContainerAllocateRequest {
             devices_ids: ids.to_vec(),
         }],
     };
-    let response = link.client.allocate(request).await?.into_inner();
+    let response = client.allocate(request).await?.into_inner();
     response
         .container_responses
         .into_iter()

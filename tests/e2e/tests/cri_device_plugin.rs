@@ -23,7 +23,8 @@ use gpu_mps_e2e::cri::{Container, Pod};
 use gpu_mps_e2e::device_nodes::{NVIDIA_MAJOR, make_gpu_node};
 use gpu_mps_e2e::image::TEST_IMAGE;
 use gpu_mps_e2e::kubelet::{
-    Allocated, DeviceManager, PluginLink, PluginProcess, TestKubelet, allocate_ids, apply_allocation,
+    Allocated, DeviceManager, PluginLink, PluginProcess, TestKubelet, allocate_ids, allocate_on,
+    apply_allocation, plugin_client,
 };
 use gpu_mps_e2e::manager::{FAKE_GPU_MEMORY, fake_gpus};
 use gpu_mps_e2e::{
@@ -598,36 +599,20 @@ async fn many_allocations_at_once_are_all_admitted(suite: Suite) -> Result<()> {
         cluster.devices.in_use.insert(name.clone(), ids.clone());
         picks.push((name, ids));
     }
-    let registration_endpoint = cluster.dir.path().join("gpu-mps.sock");
+    let plugin_socket = cluster.dir.path().join("gpu-mps.sock");
     let calls = picks.iter().map(|(name, ids)| {
-        let endpoint = registration_endpoint.clone();
+        let socket = plugin_socket.clone();
         async move {
-            let channel = tonic::transport::Endpoint::try_from("http://[::]:0")?
-                .connect_with_connector(tower::service_fn(move |_: tonic::transport::Uri| {
-                    let endpoint = endpoint.clone();
-                    async move {
-                        Ok::<_, std::io::Error>(hyper_util::rt::TokioIo::new(
-                            tokio::net::UnixStream::connect(endpoint).await?,
-                        ))
-                    }
-                }))
-                .await?;
-            let mut client =
-                gpu_mps_device_plugin::v1beta1::device_plugin_client::DevicePluginClient::new(channel);
-            let response = client
-                .allocate(gpu_mps_device_plugin::v1beta1::AllocateRequest {
-                    container_requests: vec![gpu_mps_device_plugin::v1beta1::ContainerAllocateRequest {
-                        devices_ids: ids.clone(),
-                    }],
-                })
-                .await?
-                .into_inner();
-            Ok::<_, anyhow::Error>(Allocated {
-                ids: ids.clone(),
-                preferred: ids.clone(),
-                response: response.container_responses[0].clone(),
-            })
-            .map(|a| (name.clone(), a))
+            let mut client = plugin_client(&socket).await?;
+            let response = allocate_on(&mut client, ids).await?;
+            Ok::<_, anyhow::Error>((
+                name.clone(),
+                Allocated {
+                    ids: ids.clone(),
+                    preferred: ids.clone(),
+                    response,
+                },
+            ))
         }
     });
     let allocations: Vec<(String, Allocated)> = gpu_mps_e2e::concurrent::all_ok(calls).await?;
