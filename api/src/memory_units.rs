@@ -170,14 +170,6 @@ impl UnitLayout {
             .collect()
     }
 
-    /// The device IDs of one GPU.
-    pub fn gpu_device_ids(&self, uuid: &str) -> Vec<UnitId> {
-        self.device_ids()
-            .into_iter()
-            .filter(|u| u.gpu_uuid == uuid)
-            .collect()
-    }
-
     /// The most units one container can get on this node (all of its largest GPU).
     pub fn largest_gpu_units(&self) -> u32 {
         self.gpus.iter().map(|g| g.units).max().unwrap_or(0)
@@ -266,18 +258,16 @@ impl UnitLayout {
     /// index, and within a GPU the lowest unit numbers are taken. `None` when no single GPU has
     /// room: kubelet then picks on its own, and Allocate refuses a spread.
     pub fn preferred(&self, available: &[String], must_include: &[String], size: u32) -> Option<Vec<String>> {
-        let mut free: BTreeMap<&str, BTreeSet<u32>> = BTreeMap::new();
-        for id in available {
-            if let Ok(unit) = self.parse(id) {
-                let gpu = self.gpus.iter().find(|g| g.uuid == unit.gpu_uuid)?;
-                free.entry(gpu.uuid.as_str()).or_default().insert(unit.unit);
-            }
+        // Unit numbers by GPU; an available ID that is not ours is left out, a must-include one
+        // that is not ours leaves nothing to prefer.
+        let mut free: BTreeMap<String, BTreeSet<u32>> = BTreeMap::new();
+        for unit in available.iter().filter_map(|id| self.parse(id).ok()) {
+            free.entry(unit.gpu_uuid).or_default().insert(unit.unit);
         }
-        let mut must: BTreeMap<&str, BTreeSet<u32>> = BTreeMap::new();
+        let mut must: BTreeMap<String, BTreeSet<u32>> = BTreeMap::new();
         for id in must_include {
             let unit = self.parse(id).ok()?;
-            let gpu = self.gpus.iter().find(|g| g.uuid == unit.gpu_uuid)?;
-            must.entry(gpu.uuid.as_str()).or_default().insert(unit.unit);
+            must.entry(unit.gpu_uuid).or_default().insert(unit.unit);
         }
         if must.len() > 1 {
             return None;
@@ -537,7 +527,12 @@ mod tests {
         let l = two_gpus();
         // GPU-a has 3 free, GPU-b 8: a request of 2 goes to the tighter GPU-a.
         let mut available = ids(&[("GPU-a", 2), ("GPU-a", 5), ("GPU-a", 6)]);
-        available.extend(l.gpu_device_ids("GPU-b").iter().map(UnitId::device_id));
+        available.extend(
+            l.device_ids()
+                .iter()
+                .filter(|u| u.gpu_uuid == "GPU-b")
+                .map(UnitId::device_id),
+        );
         assert_eq!(
             l.preferred(&available, &[], 2).unwrap(),
             ids(&[("GPU-a", 2), ("GPU-a", 5)])
