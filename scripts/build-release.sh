@@ -9,7 +9,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 target=x86_64-unknown-linux-gnu
-cargo build --release --locked -p gpu-mps-manager -p gpu-mps-device-plugin
+cargo build --release --locked -p gpu-mps-manager -p gpu-mps-cli -p gpu-mps-device-plugin
 RUSTFLAGS='-C target-feature=+crt-static' cargo build --release --locked --target "$target" -p gpu-mps-shim -p gpu-mps-hook
 mkdir -p target/dist
 cp target/release/gpu-mps-manager target/release/gpu-mps target/release/gpu-mps-device-plugin target/dist/

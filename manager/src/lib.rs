@@ -1,11 +1,10 @@
 //! gpu-mps-manager: the node daemon that runs one MPS control daemon per GPU set, enforces
-//! each pod's limits on the MPS server, and accounts capacity. Also the `gpu-mps` CLI.
+//! each pod's limits on the MPS server, and accounts capacity. The `gpu-mps` CLI is the
+//! gpu-mps-cli crate.
 
 pub mod admission;
 pub mod compute_mode;
-pub mod containerd_registration;
 pub mod core;
-pub mod explain;
 pub mod fault_watch;
 pub mod gate;
 pub mod gate_keeper;
@@ -17,6 +16,3 @@ pub mod node_guard;
 pub mod process_identity;
 pub mod server;
 pub mod state;
-
-// Defined in the api crate, where `gpu-mps status --json` readers (the e2e tests) find it too.
-pub use gpu_mps_api::status_view;

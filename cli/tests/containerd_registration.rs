@@ -14,9 +14,7 @@ use std::process::{Command, Stdio};
 use std::thread::sleep;
 use std::time::{Duration, Instant};
 
-use gpu_mps_manager::containerd_registration::{
-    self as reg, InstallOptions, Placement, RUNC_SHIM, SHIM_PATH,
-};
+use gpu_mps_cli::containerd_registration::{self as reg, InstallOptions, Placement, RUNC_SHIM, SHIM_PATH};
 use toml_edit::{DocumentMut, Item, Value};
 
 /// Debian suite and the major version of its containerd: 1.6 in bookworm, 1.7 in trixie, 2.x in sid

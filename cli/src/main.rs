@@ -10,9 +10,9 @@ use anyhow::Context;
 use clap::{Parser, Subcommand};
 use gpu_mps_api::client::ManagerConnection;
 use gpu_mps_api::node_config::{self, NodeConfig};
-use gpu_mps_manager::containerd_registration as reg;
-use gpu_mps_manager::explain::explain_rewrite;
-use gpu_mps_manager::status_view::StatusView;
+use gpu_mps_api::status_view::StatusView;
+use gpu_mps_cli::containerd_registration as reg;
+use gpu_mps_cli::explain::explain_rewrite;
 use gpu_mps_shim::node_files::load_inventory;
 
 #[derive(Debug, clap::Args)]

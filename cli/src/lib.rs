@@ -1,0 +1,7 @@
+//! gpu-mps-cli: the `gpu-mps` command line of a node. It reads the manager's status over its
+//! socket, shows how gpu-mps-shim would rewrite a bundle, and registers the `gpu-mps` runtime
+//! handler with containerd. Kept apart from the daemon so that gpu-mps-manager carries neither
+//! the shim's rewrite nor a TOML editor.
+
+pub mod containerd_registration;
+pub mod explain;
