@@ -1,0 +1,286 @@
+//! The main config's `imports` array: whether it already loads the drop-in (containerd resolves
+//! each entry as a glob), adding the drop-in to it and taking it out again.
+
+use std::path::Path;
+
+use toml_edit::{Array, DocumentMut, Item, Value};
+
+use super::{InstallOptions, RegistrationError};
+
+/// Trails an `imports` line gpu-mps added, so uninstall removes the line rather than leaving
+/// `imports = []` behind (and keeps an `imports = []` the admin wrote).
+pub(super) const IMPORTS_MARKER: &str = "# added by `gpu-mps install-containerd`";
+
+/// Whether an `imports` entry of the main config already loads the drop-in.
+pub(super) fn imports_cover(
+    doc: &DocumentMut,
+    opts: &InstallOptions,
+    path: &Path,
+) -> Result<bool, RegistrationError> {
+    let Some(imports) = imports_array(doc, path)? else {
+        return Ok(false);
+    };
+    let target = opts.drop_in.display().to_string();
+    for entry in imports.iter() {
+        let pattern = resolve_import(entry, opts, path)?;
+        if glob_match(&pattern, &target) {
+            return Ok(true);
+        }
+    }
+    Ok(false)
+}
+
+pub(super) fn add_import(doc: &mut DocumentMut, import: &str, path: &Path) -> Result<(), RegistrationError> {
+    if imports_array(doc, path)?.is_none() {
+        let mut array = Array::new();
+        array.push(import);
+        let mut imports = Value::Array(array);
+        imports.decor_mut().set_prefix(" ");
+        imports.decor_mut().set_suffix(format!("  {IMPORTS_MARKER}"));
+        doc.insert("imports", Item::Value(imports));
+        return Ok(());
+    }
+    if let Some(array) = doc.get_mut("imports").and_then(Item::as_array_mut) {
+        // One path per line stays one per line.
+        let own_line = array
+            .iter()
+            .last()
+            .and_then(|v| v.decor().prefix())
+            .and_then(|p| p.as_str())
+            .filter(|p| p.contains('\n'))
+            .map(str::to_owned);
+        match own_line {
+            Some(prefix) => array.push_formatted(Value::from(import).decorated(prefix, "")),
+            None => array.push(import),
+        }
+    }
+    Ok(())
+}
+
+/// Removes the `imports` entries that name the drop-in itself (globs that cover it stay), and
+/// the whole line when gpu-mps added it and nothing else is left in it.
+pub(super) fn remove_import(
+    doc: &mut DocumentMut,
+    opts: &InstallOptions,
+    path: &Path,
+) -> Result<(), RegistrationError> {
+    let Some(imports) = imports_array(doc, path)? else {
+        return Ok(());
+    };
+    let mut ours = Vec::new();
+    for (i, entry) in imports.iter().enumerate() {
+        if Path::new(&resolve_import(entry, opts, path)?) == opts.drop_in {
+            ours.push(i);
+        }
+    }
+    if ours.is_empty() {
+        return Ok(());
+    }
+    let added_by_us = doc
+        .get("imports")
+        .and_then(Item::as_value)
+        .and_then(|v| v.decor().suffix())
+        .and_then(|s| s.as_str())
+        .is_some_and(|s| s.contains(IMPORTS_MARKER));
+    if let Some(array) = doc.get_mut("imports").and_then(Item::as_array_mut) {
+        for i in ours.into_iter().rev() {
+            array.remove(i);
+        }
+        if array.is_empty() && added_by_us {
+            doc.remove("imports");
+        }
+    }
+    Ok(())
+}
+
+fn imports_array<'a>(doc: &'a DocumentMut, path: &Path) -> Result<Option<&'a Array>, RegistrationError> {
+    match doc.get("imports") {
+        None => Ok(None),
+        Some(item) => item
+            .as_array()
+            .map(Some)
+            .ok_or_else(|| RegistrationError::Layout {
+                path: path.into(),
+                key: "imports".into(),
+                message: "expected an array of file paths".into(),
+            }),
+    }
+}
+
+/// An import as containerd resolves it: relative to the main config's directory.
+fn resolve_import(entry: &Value, opts: &InstallOptions, path: &Path) -> Result<String, RegistrationError> {
+    let import = entry.as_str().ok_or_else(|| RegistrationError::Layout {
+        path: path.into(),
+        key: "imports".into(),
+        message: format!("{} is not a string", entry.to_string().trim()),
+    })?;
+    if Path::new(import).is_absolute() {
+        return Ok(import.to_owned());
+    }
+    let dir = opts.main_config.parent().unwrap_or(Path::new("/"));
+    Ok(dir.join(import).display().to_string())
+}
+
+/// Go's `filepath.Match`, which containerd applies to imports: `*` and `?` stop at `/`,
+/// `[a-z]` and `[^a-z]` are classes, `\` escapes.
+pub fn glob_match(pattern: &str, name: &str) -> bool {
+    let p: Vec<char> = pattern.chars().collect();
+    let n: Vec<char> = name.chars().collect();
+    glob_at(&p, &n)
+}
+
+fn glob_at(p: &[char], n: &[char]) -> bool {
+    match p.first() {
+        None => n.is_empty(),
+        Some('*') => (0..=n.len())
+            .take_while(|&i| i == 0 || n[i - 1] != '/')
+            .any(|i| glob_at(&p[1..], &n[i..])),
+        Some('?') => n.first().is_some_and(|&c| c != '/') && glob_at(&p[1..], &n[1..]),
+        Some('[') => {
+            let Some((&c, rest)) = n.split_first() else {
+                return false;
+            };
+            match class_match(&p[1..], c) {
+                Some((true, after)) => glob_at(after, rest),
+                _ => false,
+            }
+        }
+        Some('\\') if p.len() > 1 => n.first() == Some(&p[1]) && glob_at(&p[2..], &n[1..]),
+        Some(&c) => n.first() == Some(&c) && glob_at(&p[1..], &n[1..]),
+    }
+}
+
+/// Matches `c` against a class body (after `[`); returns the match and the pattern after `]`.
+fn class_match(p: &[char], c: char) -> Option<(bool, &[char])> {
+    let (negate, mut i) = if p.first() == Some(&'^') {
+        (true, 1)
+    } else {
+        (false, 0)
+    };
+    let mut matched = false;
+    let mut first = true;
+    while i < p.len() {
+        if p[i] == ']' && !first {
+            return Some((matched != negate, &p[i + 1..]));
+        }
+        first = false;
+        let lo = if p[i] == '\\' {
+            i += 1;
+            *p.get(i)?
+        } else {
+            p[i]
+        };
+        i += 1;
+        let hi = if p.get(i) == Some(&'-') && p.get(i + 1).is_some_and(|&h| h != ']') {
+            i += 2;
+            p[i - 1]
+        } else {
+            lo
+        };
+        if lo <= c && c <= hi && c != '/' {
+            matched = true;
+        }
+    }
+    None
+}
+
+#[cfg(test)]
+mod tests {
+    use std::path::Path;
+
+    use super::*;
+    use crate::containerd_registration::FileChange;
+    use crate::containerd_registration::fixtures::*;
+    use crate::containerd_registration::{DROP_IN, MAIN_CONFIG, plan_install, plan_uninstall};
+
+    #[test]
+    fn imports_that_already_cover_the_drop_in_are_left_alone() {
+        for import in [
+            "/etc/containerd/conf.d/*.toml",
+            "conf.d/*.toml",
+            "/etc/containerd/conf.d/gpu-mps.toml",
+        ] {
+            let main = V3.replace("root =", &format!("imports = [{import:?}]\nroot ="));
+            let plan = plan_install(&files(Some(&main)), &opts(Some(2))).expect("plan");
+            assert_eq!(
+                plan.changes.iter().map(FileChange::path).collect::<Vec<_>>(),
+                [Path::new(DROP_IN)],
+                "{import}"
+            );
+        }
+        let main = V3.replace("root =", "imports = ['/etc/other/*.toml']\nroot =");
+        let plan = plan_install(&files(Some(&main)), &opts(Some(2))).expect("plan");
+        assert!(
+            written(&plan, MAIN_CONFIG)
+                .contains("imports = ['/etc/other/*.toml', \"/etc/containerd/conf.d/gpu-mps.toml\"]")
+        );
+        // Uninstall removes only the entry it added.
+        let removal = plan_uninstall(&after(&files(Some(&main)), &plan), &opts(None)).expect("uninstall");
+        assert_eq!(written(&removal, MAIN_CONFIG), main);
+    }
+
+    #[test]
+    fn multi_line_imports_stay_one_per_line() {
+        let main = "version = 3\nimports = [\n  \"/etc/other/*.toml\",\n]\n";
+        let existing = files(Some(main));
+        let plan = plan_install(&existing, &opts(Some(2))).expect("plan");
+        let text = written(&plan, MAIN_CONFIG);
+        assert_eq!(
+            text,
+            "version = 3\nimports = [\n  \"/etc/other/*.toml\",\n  \"/etc/containerd/conf.d/gpu-mps.toml\",\n]\n"
+        );
+        let installed = after(&existing, &plan);
+        let removal = plan_uninstall(&installed, &opts(None)).expect("uninstall");
+        assert_eq!(after(&installed, &removal), existing);
+    }
+
+    #[test]
+    fn glob_matching_follows_go() {
+        let cases = [
+            (
+                "/etc/containerd/conf.d/*.toml",
+                "/etc/containerd/conf.d/gpu-mps.toml",
+                true,
+            ),
+            (
+                "/etc/containerd/*.toml",
+                "/etc/containerd/conf.d/gpu-mps.toml",
+                false,
+            ),
+            (
+                "/etc/containerd/conf.d/*",
+                "/etc/containerd/conf.d/gpu-mps.toml",
+                true,
+            ),
+            (
+                "/etc/containerd/conf.?/gpu-mps.toml",
+                "/etc/containerd/conf.d/gpu-mps.toml",
+                true,
+            ),
+            (
+                "/etc/containerd/conf.d/[a-h]*.toml",
+                "/etc/containerd/conf.d/gpu-mps.toml",
+                true,
+            ),
+            (
+                "/etc/containerd/conf.d/[^g]*.toml",
+                "/etc/containerd/conf.d/gpu-mps.toml",
+                false,
+            ),
+            (
+                "/etc/containerd/conf.d/\\*.toml",
+                "/etc/containerd/conf.d/gpu-mps.toml",
+                false,
+            ),
+            (
+                "/etc/containerd/conf.d/gpu-mps.toml",
+                "/etc/containerd/conf.d/gpu-mps.toml",
+                true,
+            ),
+            ("/etc/containerd/conf.d/[a-", "/etc/containerd/conf.d/a", false),
+        ];
+        for (pattern, name, want) in cases {
+            assert_eq!(glob_match(pattern, name), want, "{pattern} vs {name}");
+        }
+    }
+}

@@ -1,0 +1,373 @@
+//! Registers the `gpu-mps` runtime handler with containerd (`gpu-mps install-containerd`) and
+//! removes it again (`gpu-mps uninstall-containerd`).
+//!
+//! The entry is containerd's own runc shim (`io.containerd.runc.v2`) with `options.BinaryName`
+//! pointing at gpu-mps-shim, the settings of the node's existing runc entry (SystemdCgroup, Root,
+//! ...) copied over, and the gpu-mps annotations let through to the OCI spec.
+//!
+//! Where the entry goes follows what the real binaries do with their config (measured on
+//! containerd 1.6.20, 1.7.24 and 2.1.9, see docs/adr/0002-containerd-registration.md):
+//! - containerd 1.x merges an imported file by replacing each top-level plugin table whole. A
+//!   drop-in naming `plugins."io.containerd.grpc.v1.cri"` would drop the main config's CRI settings
+//!   (CNI dirs, registry mirrors, the runc entry). So on 1.x the entry goes into the main config.
+//! - containerd 1.x also forgets its built-in `runc` entry once the config names any runtime, and
+//!   the CRI plugin then refuses to load (`default_runtime_name = "runc"` has no entry). When the
+//!   main config names no runtime, a plain `runc` entry is written next to ours.
+//! - containerd 2.x merges imports key by key: there the entry goes into a drop-in of the same
+//!   config version as the main file, and the main file gets an `imports` entry for it.
+//! - containerd 1.x refuses to start when a plain (non-glob) import is missing, so the main config
+//!   never names a drop-in that is not on disk: install writes the drop-in before the main config,
+//!   uninstall edits the main config before it removes the drop-in.
+//!
+//! The planning functions are pure (`plan`: `plan_install`, `plan_uninstall`; `effective`:
+//! `check_effective`, `check_removed`); the I/O is in `apply` (reading the files, writing them
+//! atomically, rolling back), `containerd` (its version and `config dump`) and the `install` and
+//! `uninstall` below. Comments and formatting of the main config outside the lines gpu-mps owns
+//! are kept byte for byte (toml_edit; `layout` decides how the new lines are indented).
+
+mod apply;
+mod containerd;
+mod effective;
+#[cfg(test)]
+mod fixtures;
+mod imports;
+mod layout;
+mod plan;
+
+use std::fmt;
+use std::io;
+use std::path::{Path, PathBuf};
+
+use thiserror::Error;
+
+use apply::roll_back;
+pub use apply::{Applied, apply};
+pub use containerd::{containerd_version, dump_config, find_containerd, parse_containerd_version};
+pub use effective::{check_effective, check_removed};
+pub use imports::glob_match;
+pub use plan::{ExistingFiles, FileChange, InstallPlan, detect_version, plan_install, plan_uninstall};
+
+/// The runtime handler name: RuntimeClass `handler: gpu-mps`.
+pub const RUNTIME_NAME: &str = "gpu-mps";
+pub const MAIN_CONFIG: &str = "/etc/containerd/config.toml";
+pub const DROP_IN: &str = "/etc/containerd/conf.d/gpu-mps.toml";
+pub const SHIM_PATH: &str = "/usr/local/bin/gpu-mps-shim";
+/// Pod-level (`gpu-mps.io/memory-limit`) and container-level
+/// (`<container-name>.gpu-mps.io/memory-limit`) annotations. containerd matches them with Go's
+/// `filepath.Match`, where `*` stops at `/`.
+pub use gpu_mps_api::annotations::{CONTAINER_ANNOTATION_PATTERNS, POD_ANNOTATION_PATTERNS};
+
+/// The patterns the entry must list under `key` (pod_annotations or container_annotations).
+pub fn annotation_patterns(key: &str) -> &'static [&'static str] {
+    if key == "pod_annotations" {
+        &POD_ANNOTATION_PATTERNS
+    } else {
+        &CONTAINER_ANNOTATION_PATTERNS
+    }
+}
+/// containerd's runc shim, which does the task API, IO, events and OOM handling for us.
+pub const RUNC_SHIM: &str = "io.containerd.runc.v2";
+
+#[derive(Debug, Error)]
+pub enum RegistrationError {
+    #[error("{path}: not valid TOML: {message}")]
+    Parse { path: PathBuf, message: String },
+    #[error(
+        "{path}: version = {found}: gpu-mps edits version 2 (containerd 1.6/1.7) and version 3 (containerd 2.x) configs"
+    )]
+    UnsupportedVersion { path: PathBuf, found: String },
+    #[error(
+        "{path}: has no `version` key, so containerd reads it in the old version 1 layout: port it to version 2 (containerd 1.6/1.7) or 3 (containerd 2.x) and rerun"
+    )]
+    NoVersion { path: PathBuf },
+    #[error("{path}: version = 3 is the containerd 2.x layout, but this node runs containerd {major}.x")]
+    VersionMismatch { path: PathBuf, major: u32 },
+    #[error(
+        "{path}: does not exist and containerd's version is unknown, so gpu-mps cannot tell whether to write a version 2 or version 3 config: make the containerd binary findable or create the file"
+    )]
+    UnknownContainerd { path: PathBuf },
+    #[error("{path}: {key}: {message}")]
+    Layout {
+        path: PathBuf,
+        key: String,
+        message: String,
+    },
+    #[error("{path}: {action}: {source}")]
+    Io {
+        path: PathBuf,
+        action: &'static str,
+        #[source]
+        source: io::Error,
+    },
+    #[error("{binary}: {message}")]
+    Containerd { binary: PathBuf, message: String },
+    #[error("containerd's effective config (from {config}): {message}")]
+    NotInEffect { config: PathBuf, message: String },
+    #[error("{cause}; every file was put back as it was ({files})")]
+    RolledBack {
+        cause: Box<RegistrationError>,
+        files: String,
+    },
+    #[error("{cause}; putting the files back failed too: {rollback}; the main config's backups: {backups}")]
+    RollbackFailed {
+        cause: Box<RegistrationError>,
+        rollback: Box<RegistrationError>,
+        backups: String,
+    },
+}
+
+/// The `version` of a containerd config file.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ConfigVersion {
+    /// containerd 1.6 and 1.7 (2.x reads it too and migrates it in memory).
+    V2,
+    /// containerd 2.x.
+    V3,
+}
+
+impl ConfigVersion {
+    fn number(self) -> i64 {
+        match self {
+            ConfigVersion::V2 => 2,
+            ConfigVersion::V3 => 3,
+        }
+    }
+
+    /// The plugin that holds the CRI runtimes in this layout.
+    pub fn cri_runtime_plugin(self) -> &'static str {
+        match self {
+            ConfigVersion::V2 => "io.containerd.grpc.v1.cri",
+            ConfigVersion::V3 => "io.containerd.cri.v1.runtime",
+        }
+    }
+
+    fn containerd_path(self) -> [&'static str; 3] {
+        ["plugins", self.cri_runtime_plugin(), "containerd"]
+    }
+
+    fn runtimes_path(self) -> [&'static str; 4] {
+        ["plugins", self.cri_runtime_plugin(), "containerd", "runtimes"]
+    }
+}
+
+impl fmt::Display for ConfigVersion {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "version {}", self.number())
+    }
+}
+
+/// Which file holds the runtime entry.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Placement {
+    /// In the main config (containerd 1.x, or a version 2 file whose containerd is unknown).
+    MainConfig,
+    /// In the drop-in, imported by the main config (containerd 2.x).
+    DropIn,
+}
+
+#[derive(Debug, Clone)]
+pub struct InstallOptions {
+    /// The runtime handler name.
+    pub runtime_name: String,
+    /// BinaryName of the entry: the runc wrapper.
+    pub shim_path: PathBuf,
+    /// The main containerd config, as a path on the host.
+    pub main_config: PathBuf,
+    /// The drop-in file, as a path on the host.
+    pub drop_in: PathBuf,
+    /// The entry whose settings the new entry copies. `None`: `runc`, else the default runtime.
+    pub base_runtime: Option<String>,
+    /// containerd's major version (`containerd --version`). Decides the placement; needed when
+    /// there is no main config to read the layout from.
+    pub containerd_major: Option<u32>,
+    /// Where the host's `/` is mounted, e.g. `/host` in an installer container. Files are read and
+    /// written under it; the paths written into configs stay host paths.
+    pub host_root: PathBuf,
+}
+
+impl Default for InstallOptions {
+    fn default() -> Self {
+        InstallOptions {
+            runtime_name: RUNTIME_NAME.into(),
+            shim_path: SHIM_PATH.into(),
+            main_config: MAIN_CONFIG.into(),
+            drop_in: DROP_IN.into(),
+            base_runtime: None,
+            containerd_major: None,
+            host_root: "/".into(),
+        }
+    }
+}
+
+impl InstallOptions {
+    /// Where a host path is seen from this process.
+    pub fn on_host(&self, path: &Path) -> PathBuf {
+        if self.host_root == Path::new("/") {
+            return path.to_path_buf();
+        }
+        self.host_root.join(path.strip_prefix("/").unwrap_or(path))
+    }
+}
+
+/// What `install` and `uninstall` did.
+#[derive(Debug, Clone)]
+pub struct Outcome {
+    pub plan: InstallPlan,
+    /// Copies of the main config made before it was changed.
+    pub backups: Vec<PathBuf>,
+    /// Checked with `containerd config dump` (false: no containerd binary, or a dry run).
+    pub verified: bool,
+    pub warnings: Vec<String>,
+}
+
+impl Outcome {
+    /// containerd reads its config only at start: a changed config needs a restart.
+    pub fn needs_containerd_restart(&self) -> bool {
+        !self.plan.is_empty()
+    }
+}
+
+/// Registers the runtime: plan, apply unless `dry_run`, then check containerd's effective config.
+/// `containerd`: the host's containerd binary (a host path); without it the placement rests on
+/// the main config's version, and nothing is verified.
+pub fn install(
+    opts: &InstallOptions,
+    containerd: Option<&Path>,
+    dry_run: bool,
+) -> Result<Outcome, RegistrationError> {
+    let mut opts = opts.clone();
+    if let (None, Some(binary)) = (opts.containerd_major, containerd) {
+        opts.containerd_major = Some(containerd_version(&opts, binary)?.0);
+    }
+    let plan = plan_install(&ExistingFiles::read(&opts)?, &opts)?;
+    let mut warnings = plan.notes.clone();
+    if dry_run {
+        return Ok(Outcome {
+            plan,
+            backups: Vec::new(),
+            verified: false,
+            warnings,
+        });
+    }
+    let applied = apply(&plan)?;
+    let verified = match containerd {
+        Some(binary) => {
+            // containerd must read the new files and have the runtime in effect; otherwise they
+            // are put back, so that a failed install never leaves containerd a config it cannot
+            // start with.
+            match dump_config(&opts, binary).and_then(|dump| check_effective(&dump, &opts)) {
+                Ok(notes) => warnings.extend(notes),
+                Err(e) => return Err(roll_back(&plan.changes, &applied, e)),
+            }
+            true
+        }
+        None => {
+            warnings.push(
+                "no containerd binary found: the result was not checked with `containerd config dump`".into(),
+            );
+            false
+        }
+    };
+    Ok(Outcome {
+        plan,
+        backups: applied.backups,
+        verified,
+        warnings,
+    })
+}
+
+/// Removes the runtime: plan, apply unless `dry_run`, then check that containerd still reads its
+/// config and no longer has the runtime.
+pub fn uninstall(
+    opts: &InstallOptions,
+    containerd: Option<&Path>,
+    dry_run: bool,
+) -> Result<Outcome, RegistrationError> {
+    let plan = plan_uninstall(&ExistingFiles::read(opts)?, opts)?;
+    if dry_run {
+        return Ok(Outcome {
+            plan,
+            backups: Vec::new(),
+            verified: false,
+            warnings: Vec::new(),
+        });
+    }
+    let applied = apply(&plan)?;
+    let mut warnings = Vec::new();
+    let mut verified = false;
+    if let Some(binary) = containerd {
+        if opts.on_host(&opts.main_config).exists() {
+            if let Err(e) = dump_config(opts, binary).and_then(|dump| check_removed(&dump, opts)) {
+                return Err(roll_back(&plan.changes, &applied, e));
+            }
+            verified = true;
+        }
+    } else {
+        warnings.push(
+            "no containerd binary found: the result was not checked with `containerd config dump`".into(),
+        );
+    }
+    Ok(Outcome {
+        plan,
+        backups: applied.backups,
+        verified,
+        warnings,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use std::fs;
+
+    use super::fixtures::{V3, opts};
+    use super::*;
+
+    #[test]
+    fn apply_writes_atomically_with_a_backup_and_removes() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let root = dir.path().to_path_buf();
+        let o = InstallOptions {
+            host_root: root.clone(),
+            ..opts(Some(2))
+        };
+        fs::create_dir_all(root.join("etc/containerd")).expect("mkdir");
+        let main = root.join("etc/containerd/config.toml");
+        fs::write(&main, V3).expect("write");
+        let outcome = install(&o, None, false).expect("install");
+        assert!(outcome.needs_containerd_restart() && !outcome.verified);
+        assert_eq!(outcome.backups.len(), 1);
+        assert_eq!(fs::read_to_string(&outcome.backups[0]).expect("backup"), V3);
+        assert!(root.join("etc/containerd/conf.d/gpu-mps.toml").is_file());
+        assert!(install(&o, None, false).expect("again").plan.is_empty());
+        let removed = uninstall(&o, None, false).expect("uninstall");
+        assert_eq!(removed.backups.len(), 1);
+        assert_eq!(fs::read_to_string(&main).expect("main"), V3);
+        assert!(!root.join("etc/containerd/conf.d/gpu-mps.toml").exists());
+        let leftovers: Vec<_> = fs::read_dir(root.join("etc/containerd"))
+            .expect("ls")
+            .filter_map(|e| e.ok())
+            .map(|e| e.file_name().to_string_lossy().into_owned())
+            .filter(|n| n.contains("tmp"))
+            .collect();
+        assert!(leftovers.is_empty(), "{leftovers:?}");
+    }
+
+    #[test]
+    fn dry_run_writes_nothing() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let o = InstallOptions {
+            host_root: dir.path().into(),
+            ..opts(Some(1))
+        };
+        let outcome = install(&o, None, true).expect("dry run");
+        assert!(
+            outcome
+                .plan
+                .diff()
+                .contains("+[plugins.\"io.containerd.grpc.v1.cri\".containerd.runtimes.gpu-mps]"),
+            "{}",
+            outcome.plan.diff()
+        );
+        assert!(!dir.path().join("etc").exists());
+    }
+}
