@@ -74,8 +74,8 @@ impl State {
     /// Loads the state; a missing file is an empty state (first start, or after a reboot
     /// emptied /run).
     pub fn load(path: &Path) -> Result<State, StateError> {
-        let text = match std::fs::read_to_string(path) {
-            Ok(t) => t,
+        let bytes = match std::fs::read(path) {
+            Ok(b) => b,
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(State::default()),
             Err(source) => {
                 return Err(StateError::Read {
@@ -84,7 +84,13 @@ impl State {
                 });
             }
         };
-        let state: State = serde_json::from_str(&text).map_err(|source| StateError::Parse {
+        State::from_bytes(&bytes, path)
+    }
+
+    /// Parses the content of a state file; `path` is only used in error messages. Pure, so that
+    /// it is fuzzed on its own (fuzz/fuzz_targets/state.rs).
+    pub fn from_bytes(bytes: &[u8], path: &Path) -> Result<State, StateError> {
+        let state: State = serde_json::from_slice(bytes).map_err(|source| StateError::Parse {
             path: path.into(),
             source,
         })?;
@@ -187,6 +193,25 @@ mod tests {
             State::load(&path),
             Err(StateError::Version { found: 99, .. })
         ));
+    }
+
+    #[test]
+    fn from_bytes_reads_saved_state_and_refuses_other_bytes_in_one_line() {
+        let path = Path::new("/run/gpu-mps/state.json");
+        let mut s = State::default();
+        s.saved_compute_modes.insert("GPU-0".into(), "Default".into());
+        let saved = serde_json::to_vec_pretty(&s).unwrap();
+        assert_eq!(State::from_bytes(&saved, path).unwrap(), s);
+        for bad in [&b"\xff\xfe{}"[..], b"", b"[]", b"{\"version\":1}"] {
+            let e = State::from_bytes(bad, path).unwrap_err();
+            assert!(matches!(e, StateError::Parse { .. }), "{bad:?}: {e}");
+            let text = e.to_string();
+            assert!(
+                text.starts_with("/run/gpu-mps/state.json is not a gpu-mps state file: ")
+                    && !text.contains('\n'),
+                "{text}"
+            );
+        }
     }
 
     #[test]
