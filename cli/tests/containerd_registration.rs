@@ -469,3 +469,65 @@ fn cri_plugin_loads_with_the_runtime_registered() {
         eprintln!("{suite}: containerd started on the registered config; CRI plugin status ok");
     }
 }
+
+/// install adds no `imports` entry where one already loads the drop-in: that judgement must be
+/// containerd's own. Each import is asked of containerd 2.x (the one whose drop-in is imported)
+/// through `config dump`, and of the planner, with the drop-in at `<dir>/a/conf.d/gpu-mps.toml`.
+#[test]
+fn an_import_covers_the_drop_in_exactly_when_containerd_loads_it_through_it() {
+    let (suite, _) = SUITES[2];
+    let binary = containerd(suite);
+    let imports = [
+        "{a}/conf.d/*.toml",
+        "conf.d/*.toml",
+        "./conf.d/*.toml",
+        "x/../conf.d/*.toml",
+        "conf.d//*.toml",
+        "{a}/*.toml",
+        "{a}/conf.d/*",
+        "{a}/conf.?/*.toml",
+        // No `*`: a file of that very name, not a glob.
+        "{a}/conf.?/gpu-mps.toml",
+        "{a}/conf.d/gpu-mps.t?ml",
+        "{a}/conf.d/gpu-mps.toml",
+        "./conf.d/gpu-mps.toml",
+        "{a}/conf.d/[a-h]*.toml",
+        "{a}/conf.d/[^g]*.toml",
+        "{a}/conf.d/[!g]*.toml",
+        "{a}/conf.d/[!x]*.toml",
+        "{a}/conf.d/\\\\*.toml",
+        "{a}/**/gpu-mps.toml",
+        "{dir}/**/gpu-mps.toml",
+        "{a}/conf.d/{gpu-mps,x}*",
+        "{a}/conf.d/*.TOML",
+    ];
+    for import in imports {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let a = dir.path().join("a");
+        let import = import
+            .replace("{a}", &a.display().to_string())
+            .replace("{dir}", &dir.path().display().to_string());
+        let main = a.join("config.toml");
+        let drop_in = a.join("conf.d/gpu-mps.toml");
+        fs::create_dir_all(drop_in.parent().expect("conf.d")).expect("mkdir");
+        fs::write(
+            &drop_in,
+            "version = 3\n[plugins.'io.containerd.cri.v1.runtime'.containerd.runtimes.gpu-mps]\n  runtime_type = 'io.containerd.runc.v2'\n",
+        )
+        .expect("drop-in");
+        fs::write(&main, format!("version = 3\nimports = [\"{import}\"]\n")).expect("main");
+        let loaded = cri_runtimes(&dump(&binary, &main)).contains_key("gpu-mps");
+        let opts = InstallOptions {
+            main_config: main.clone(),
+            drop_in: drop_in.clone(),
+            containerd_major: Some(2),
+            ..InstallOptions::default()
+        };
+        let plan = reg::plan_install(&reg::ExistingFiles::read(&opts).expect("read"), &opts).expect("plan");
+        let covered = !plan.changes.iter().any(|c| c.path() == main);
+        assert_eq!(
+            covered, loaded,
+            "{suite}: imports = [\"{import}\"]: containerd loads the drop-in: {loaded}; gpu-mps thinks it does: {covered}"
+        );
+    }
+}

@@ -1,5 +1,5 @@
-//! The main config's `imports` array: whether it already loads the drop-in (containerd resolves
-//! each entry as a glob), adding the drop-in to it and taking it out again.
+//! The main config's `imports` array: whether it already loads the drop-in, adding the drop-in to
+//! it and taking it out again.
 
 use std::path::Path;
 
@@ -12,6 +12,10 @@ use super::{InstallOptions, RegistrationError};
 pub(super) const IMPORTS_MARKER: &str = "# added by `gpu-mps install-containerd`";
 
 /// Whether an `imports` entry of the main config already loads the drop-in.
+///
+/// containerd (1.6.20, 1.7.24 and 2.1.9 measured alike) expands an entry as a glob only when it
+/// holds a `*`: `conf.?/gpu-mps.toml` is a file of that very name, which 1.x refuses to start
+/// without and 2.x skips. So `?` and `[...]` alone are no glob here either.
 pub(super) fn imports_cover(
     doc: &DocumentMut,
     opts: &InstallOptions,
@@ -20,10 +24,15 @@ pub(super) fn imports_cover(
     let Some(imports) = imports_array(doc, path)? else {
         return Ok(false);
     };
-    let target = opts.drop_in.display().to_string();
+    let target = lexically_clean(&opts.drop_in.display().to_string());
     for entry in imports.iter() {
-        let pattern = resolve_import(entry, opts, path)?;
-        if glob_match(&pattern, &target) {
+        let import = resolve_import(entry, opts, path)?;
+        let covers = if import.contains('*') {
+            glob_match(&import, &target)
+        } else {
+            import == target
+        };
+        if covers {
             return Ok(true);
         }
     }
@@ -107,7 +116,8 @@ fn imports_array<'a>(doc: &'a DocumentMut, path: &Path) -> Result<Option<&'a Arr
     }
 }
 
-/// An import as containerd resolves it: relative to the main config's directory.
+/// An import as containerd resolves it: relative to the main config's directory, then cleaned
+/// lexically (`./`, `//` and `x/..` go; 2.x loads `conf.d/x/../*.toml` with no `x` on disk).
 fn resolve_import(entry: &Value, opts: &InstallOptions, path: &Path) -> Result<String, RegistrationError> {
     let import = entry.as_str().ok_or_else(|| RegistrationError::Layout {
         path: path.into(),
@@ -115,14 +125,50 @@ fn resolve_import(entry: &Value, opts: &InstallOptions, path: &Path) -> Result<S
         message: format!("{} is not a string", entry.to_string().trim()),
     })?;
     if Path::new(import).is_absolute() {
-        return Ok(import.to_owned());
+        return Ok(lexically_clean(import));
     }
     let dir = opts.main_config.parent().unwrap_or(Path::new("/"));
-    Ok(dir.join(import).display().to_string())
+    Ok(lexically_clean(&dir.join(import).display().to_string()))
+}
+
+/// `path` without empty and `.` components, each `..` taking out the component before it (none
+/// above `/`), as Go's `filepath.Clean` leaves it.
+fn lexically_clean(path: &str) -> String {
+    let absolute = path.starts_with('/');
+    let mut parts: Vec<&str> = Vec::new();
+    for part in path.split('/') {
+        match part {
+            "" | "." => {}
+            ".." if parts.last().is_some_and(|p| *p != "..") => {
+                parts.pop();
+            }
+            ".." if absolute => {}
+            part => parts.push(part),
+        }
+    }
+    let joined = parts.join("/");
+    match (absolute, joined.is_empty()) {
+        (true, _) => format!("/{joined}"),
+        (false, true) => ".".into(),
+        (false, false) => joined,
+    }
 }
 
 /// Go's `filepath.Match`, which containerd applies to imports: `*` and `?` stop at `/`,
 /// `[a-z]` and `[^a-z]` are classes, `\` escapes.
+///
+/// Written out rather than taken from the `glob` or `globset` crate: both read patterns another
+/// way than Go, and an admin's import that they misjudge makes install skip the import it needs
+/// (or add one it does not). Measured against containerd 2.1.9's `config dump` with the drop-in at
+/// `<d>/conf.d/gpu-mps.toml` (`glob` with `require_literal_separator`, `globset` with
+/// `literal_separator`):
+/// - `<d>/conf.d/[!g]*.toml`: containerd loads it (`!` is an ordinary class member in Go); both
+///   crates read `[!...]` as negation and say no.
+/// - `<d>/conf.d/[^g]*.toml`: containerd does not load it; `glob` reads `^` as a member, says yes.
+/// - `<d>/../**/gpu-mps.toml`: containerd does not load it (`**` is two `*`, one name each); both
+///   crates let `**` span directories and say yes.
+/// - `<d>/conf.d/{gpu-mps,x}*`: containerd does not load it (no braces in Go); `globset` expands
+///   them and says yes.
 pub fn glob_match(pattern: &str, name: &str) -> bool {
     let p: Vec<char> = pattern.chars().collect();
     let n: Vec<char> = name.chars().collect();
@@ -278,9 +324,71 @@ mod tests {
                 true,
             ),
             ("/etc/containerd/conf.d/[a-", "/etc/containerd/conf.d/a", false),
+            // Where the glob and globset crates answer otherwise (see glob_match).
+            (
+                "/etc/containerd/conf.d/[!g]*.toml",
+                "/etc/containerd/conf.d/gpu-mps.toml",
+                true,
+            ),
+            (
+                "/etc/containerd/conf.d/[!x]*.toml",
+                "/etc/containerd/conf.d/gpu-mps.toml",
+                false,
+            ),
+            (
+                "/etc/**/gpu-mps.toml",
+                "/etc/containerd/conf.d/gpu-mps.toml",
+                false,
+            ),
+            (
+                "/etc/containerd/**/gpu-mps.toml",
+                "/etc/containerd/conf.d/gpu-mps.toml",
+                true,
+            ),
+            (
+                "/etc/containerd/conf.d/{gpu-mps,x}*",
+                "/etc/containerd/conf.d/gpu-mps.toml",
+                false,
+            ),
         ];
         for (pattern, name, want) in cases {
             assert_eq!(glob_match(pattern, name), want, "{pattern} vs {name}");
+        }
+    }
+
+    #[test]
+    fn paths_are_cleaned_as_go_does() {
+        for (path, want) in [
+            (
+                "/etc/containerd/./conf.d//x.toml",
+                "/etc/containerd/conf.d/x.toml",
+            ),
+            (
+                "/etc/containerd/x/../conf.d/*.toml",
+                "/etc/containerd/conf.d/*.toml",
+            ),
+            ("/../etc", "/etc"),
+            ("/", "/"),
+            ("a/../../b/", "../b"),
+            ("./", "."),
+        ] {
+            assert_eq!(lexically_clean(path), want, "{path}");
+        }
+    }
+
+    #[test]
+    fn an_import_without_a_star_is_a_file_name_not_a_glob() {
+        for (import, covers) in [
+            ("/etc/containerd/conf.?/gpu-mps.toml", false),
+            ("/etc/containerd/conf.d/gpu-mps.t?ml", false),
+            ("/etc/containerd/conf.d/[g]pu-mps.toml", false),
+            ("./conf.d/gpu-mps.toml", true),
+            ("/etc/containerd/x/../conf.d/*.toml", true),
+        ] {
+            let main = V3.replace("root =", &format!("imports = [{import:?}]\nroot ="));
+            let plan = plan_install(&files(Some(&main)), &opts(Some(2))).expect("plan");
+            let main_written = plan.changes.iter().any(|c| c.path() == Path::new(MAIN_CONFIG));
+            assert_eq!(!main_written, covers, "{import}");
         }
     }
 }
