@@ -16,6 +16,7 @@ use gpu_mps_api::annotations::{
 };
 use gpu_mps_api::limits::{self, LimitError};
 use gpu_mps_api::maxima::{Maxima, MaximaError};
+use gpu_mps_api::message::printable;
 use gpu_mps_api::{DaemonKey, Limits};
 use thiserror::Error;
 
@@ -36,8 +37,8 @@ pub enum LimitSource {
 impl fmt::Display for LimitSource {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
-            LimitSource::ContainerAnnotation(key) => write!(f, "container annotation {key}"),
-            LimitSource::PodAnnotation(key) => write!(f, "annotation {key}"),
+            LimitSource::ContainerAnnotation(key) => write!(f, "container annotation {}", printable(key)),
+            LimitSource::PodAnnotation(key) => write!(f, "annotation {}", printable(key)),
             LimitSource::NodeDefault => f.write_str("node default"),
             LimitSource::DevicePlugin(units) => {
                 write!(f, "device plugin allocation ({units} units of gpu-mps.io/memory)")
@@ -106,7 +107,7 @@ pub struct ResolvedRequest {
 
 #[derive(Debug, Error, PartialEq, Eq)]
 pub enum RequestError {
-    #[error("annotation {key}={value:?}: {error} (set it on the pod)")]
+    #[error("annotation {}={value:?}: {error} (set it on the pod)", printable(.key))]
     Invalid {
         key: String,
         value: String,
@@ -335,7 +336,7 @@ fn resolve_field<T>(
             } else {
                 format!(
                     " or {} for this container only",
-                    annotations::container_key(container_name, field.base)
+                    printable(&annotations::container_key(container_name, field.base))
                 )
             },
             config_key: field.config_key,
@@ -618,6 +619,34 @@ mod tests {
             e.to_string(),
             "annotation gpu-mps.io/memory-limit=\"4GB\": \"4GB\" has unknown suffix \"GB\": \
              allowed are Ki, Mi, Gi, Ti, Pi, k, M, G, T, P (set it on the pod)"
+        );
+    }
+
+    #[test]
+    fn a_container_name_with_line_breaks_stays_on_one_line() {
+        // containerd takes the name from the pod as it is; ctr takes any annotation.
+        let name = "in\nfer\u{1b}";
+        let key = annotations::container_key(name, MEMORY_LIMIT);
+        let e = resolve_limits(&annotations(&[(&key, "4GB")]), name, rules(default()))
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.starts_with("annotation in\\nfer\\u{1b}.gpu-mps.io/memory-limit=\"4GB\": ")
+                && !e.contains('\n'),
+            "{e}"
+        );
+        let e = resolve_limits(&HashMap::new(), name, rules(None))
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.contains("or in\\nfer\\u{1b}.gpu-mps.io/memory-limit for this container only")
+                && !e.contains('\n'),
+            "{e}"
+        );
+        let r = resolve_limits(&annotations(&[(&key, "4Gi")]), name, rules(default())).unwrap();
+        assert_eq!(
+            r.memory_source.to_string(),
+            "container annotation in\\nfer\\u{1b}.gpu-mps.io/memory-limit"
         );
     }
 
