@@ -36,6 +36,7 @@ use std::path::{Component, Path};
 use gpu_mps_api::DaemonKey;
 use gpu_mps_api::annotations::CDI_PREFIX;
 use gpu_mps_api::inventory::{GpuInfo, Inventory, LookupError};
+use gpu_mps_api::message::printable;
 use oci_spec::runtime::Mount;
 use thiserror::Error;
 
@@ -119,11 +120,13 @@ impl fmt::Display for DeviceSource {
                 f,
                 "{VISIBLE_DEVICES_ENV}={value:?} ignored beyond the GPUs of {trusted}"
             ),
-            DeviceSource::Cdi { key, value } => write!(f, "annotation {key}={value:?}"),
+            DeviceSource::Cdi { key, value } => write!(f, "annotation {}={value:?}", printable(key)),
             DeviceSource::LinuxDevice { path, major, minor } => {
-                write!(f, "linux.devices {path} ({major}:{minor})")
+                write!(f, "linux.devices {} ({major}:{minor})", printable(path))
             }
-            DeviceSource::VolumeMount { destination } => write!(f, "volume mount {destination}"),
+            DeviceSource::VolumeMount { destination } => {
+                write!(f, "volume mount {}", printable(destination))
+            }
         }
     }
 }
@@ -228,7 +231,7 @@ pub fn no_gpu_reason(spec: SpecDevices<'_>) -> String {
         .filter(|n| n.major == Some(NVIDIA_MAJOR) || n.path.starts_with(DEVICE_NODE_PREFIX))
         .map(|n| {
             let number = |v: Option<i64>| v.map_or_else(|| "?".to_string(), |v| v.to_string());
-            format!("{} ({}:{})", n.path, number(n.major), number(n.minor))
+            format!("{} ({}:{})", printable(&n.path), number(n.major), number(n.minor))
         })
         .collect();
     if !nvidia_nodes.is_empty() {
@@ -245,10 +248,13 @@ pub fn no_gpu_reason(spec: SpecDevices<'_>) -> String {
             .is_some_and(|rest| rest.starts_with('/'));
         let source = mount.source().as_deref();
         if listed && source.and_then(clean).as_deref() != Some(VOLUME_MOUNT_SOURCE) {
-            let source = source.map_or_else(|| "none".to_string(), |s| s.display().to_string());
+            let source = source.map_or_else(
+                || "none".to_string(),
+                |s| printable(&s.to_string_lossy()).into_owned(),
+            );
             reason += &format!(
                 ", mount {} ignored (source {source}: only a {VOLUME_MOUNT_SOURCE} mount lists a device)",
-                mount.destination().display()
+                printable(&mount.destination().to_string_lossy())
             );
         }
     }
@@ -855,6 +861,40 @@ mod tests {
             e.starts_with("volume mount /var/run/nvidia-container-devices/9: GPU \"9\" is not on this node"),
             "{e}"
         );
+    }
+
+    #[test]
+    fn keys_and_paths_with_line_breaks_stay_on_one_line() {
+        // A spec from ctr, or a device plugin's CDI spec, can hold any string in these.
+        let e = Spec::default()
+            .cdi("cdi.k8s.io/a\r\nb", "nvidia.com/gpu=")
+            .gpus()
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.starts_with("annotation cdi.k8s.io/a\\r\\nb=\"nvidia.com/gpu=\": "),
+            "{e}"
+        );
+        let e = Spec::default()
+            .node("/dev/gpu\n0", Some((NVIDIA_MAJOR, 7)))
+            .gpus()
+            .unwrap_err()
+            .to_string();
+        assert!(e.starts_with("linux.devices /dev/gpu\\n0 (195:7): "), "{e}");
+        let e = Spec::default()
+            .mount("/var/run/nvidia-container-devices/x\ny", "/dev/null")
+            .gpus()
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.starts_with("volume mount /var/run/nvidia-container-devices/x\\ny: "),
+            "{e}"
+        );
+        let cpu = Spec::default()
+            .node("/dev/nvidia\u{1b}", Some((NVIDIA_MAJOR, 255)))
+            .mount("/var/run/nvidia-container-devices/0\n", "/srv/x\n");
+        let reason = no_gpu_reason(cpu.fields());
+        assert!(!reason.contains('\n') && !reason.contains('\u{1b}'), "{reason}");
     }
 
     #[test]
