@@ -6,6 +6,7 @@ use std::io;
 use std::path::{Path, PathBuf};
 
 use gpu_mps_api::NodeConfig;
+use gpu_mps_api::message::one_line;
 pub use gpu_mps_api::node_files::{
     ConfigOrigin, NodeFileError, load_config, load_effective_config, load_inventory,
 };
@@ -31,9 +32,7 @@ pub fn runc_path(config_path: &Path) -> (PathBuf, Option<String>) {
 
 /// `runc_path` from config text, without validating the rest.
 pub fn runc_path_from_toml(text: &str) -> Result<Option<PathBuf>, String> {
-    let table: toml::Table = text
-        .parse()
-        .map_err(|e: toml::de::Error| e.message().to_string())?;
+    let table: toml::Table = text.parse().map_err(|e: toml::de::Error| one_line(e.message()))?;
     match table.get("runc_path") {
         None => Ok(None),
         Some(toml::Value::String(s)) => Ok(Some(PathBuf::from(s))),
@@ -69,5 +68,12 @@ mod tests {
         assert_eq!(runc, NodeConfig::default().runc_path);
         assert!(note.unwrap().contains("config.toml"));
         assert!(runc_path_from_toml("runc_path = 1").is_err());
+    }
+
+    #[test]
+    fn a_toml_error_is_one_line() {
+        // toml reports a duplicate table as two sentences on two lines.
+        let e = runc_path_from_toml("[hook]\n[hook]\n").unwrap_err();
+        assert!(e.contains("duplicate key") && !e.contains('\n'), "{e:?}");
     }
 }
