@@ -251,6 +251,22 @@ mod tests {
     }
 
     #[test]
+    fn numbers_the_shim_does_not_own_are_written_back_exactly() {
+        // Parsed to the nearest f64 and printed shortest, each reads back as written; a parse
+        // one ulp off would change a field of the pod's spec at every create.
+        let text =
+            r#"{"linux":{"resources":{"memory":{"limit":2.2222222222222223e+74}}},"x":[0.1,1e-7,2.5]}"#;
+        assert_eq!(parse(text).unwrap().to_string(), text);
+        // An integer beyond u64 becomes the nearest f64 too (found by fuzzing: it was one off,
+        // so a second rewrite of the same spec changed it again).
+        let big = format!("{{\"limit\":{}17179869184}}", "2".repeat(64));
+        assert_eq!(
+            parse(&big).unwrap().to_string(),
+            r#"{"limit":2.2222222222222223e+74}"#
+        );
+    }
+
+    #[test]
     fn top_level_must_be_an_object() {
         assert!(matches!(parse("[]"), Err(SpecError::NotAnObject)));
         assert!(matches!(parse("{"), Err(SpecError::Json(_))));
