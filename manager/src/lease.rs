@@ -26,6 +26,10 @@ pub struct LeaseRecord {
     /// The device plugin's `gpu-mps.io/memory` units on its GPU; empty without.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub memory_units: Vec<u32>,
+    /// When the daemon its CUDA processes used died under it (unix seconds): MPS ended those
+    /// processes' server with it; the ones started since reach the daemon started in its place.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub daemon_lost_unix: Option<i64>,
 }
 
 fn one() -> u32 {
@@ -60,6 +64,7 @@ impl LeaseRecord {
             limits,
             cuda_processes: 1,
             memory_units: Vec::new(),
+            daemon_lost_unix: None,
             namespace: namespace.into(),
             pod: String::new(),
             container_name: String::new(),

@@ -11,8 +11,12 @@ use gpu_mps_api::inventory::{GpuInfo, Inventory};
 use gpu_mps_api::node_config::{LimitPolicy, NodeConfig, Tenancy};
 
 use super::*;
+use crate::gate;
 use crate::gpu_backend::FileBackend;
 use crate::gpu_backend::GpuBackend;
+use crate::mps_control;
+use crate::process_identity::ProcessIdentity;
+use gpu_mps_api::{Limits, proto};
 
 const GIB: u64 = 1 << 30;
 
@@ -36,6 +40,11 @@ struct FakeControl {
     /// Pipe dirs whose daemon runs but answers nothing (its server stuck): every command
     /// times out, until a new daemon starts there.
     silent: Mutex<Vec<PathBuf>>,
+    /// Pipe dirs whose daemon start and commands hang until `unstall` (a daemon stuck in
+    /// start, a CLI call that waits out its timeout).
+    stalled: Mutex<BTreeMap<PathBuf, Arc<tokio::sync::Semaphore>>>,
+    /// Pipe dirs where a daemon fails to start.
+    refuse_starts: Mutex<Vec<PathBuf>>,
 }
 
 impl FakeControl {
@@ -44,6 +53,27 @@ impl FakeControl {
         let d = daemons.get_mut(pipe).expect("daemon");
         let limits = (d.default_threads.clone(), d.default_mem.clone(), clients);
         d.servers.insert(server, limits);
+    }
+
+    fn stall(&self, pipe: &Path) {
+        self.stalled
+            .lock()
+            .unwrap()
+            .insert(pipe.into(), Arc::new(tokio::sync::Semaphore::new(0)));
+    }
+
+    fn unstall(&self, pipe: &Path) {
+        if let Some(s) = self.stalled.lock().unwrap().remove(pipe) {
+            s.close();
+        }
+    }
+
+    async fn wait_if_stalled(&self, pipe: &Path) {
+        let stall = self.stalled.lock().unwrap().get(pipe).cloned();
+        if let Some(stall) = stall {
+            // Closed by `unstall`: every waiter goes on.
+            let _ = stall.acquire().await;
+        }
     }
 
     fn commands(&self) -> Vec<String> {
@@ -74,6 +104,13 @@ impl MpsControl for FakeControl {
         pipe_dir: &Path,
         _log: &Path,
     ) -> Result<u32, ControlError> {
+        self.wait_if_stalled(pipe_dir).await;
+        if self.refuse_starts.lock().unwrap().iter().any(|p| p == pipe_dir) {
+            return Err(ControlError::StartFailed {
+                key: pipe_dir.display().to_string(),
+                reason: "refused by the test".into(),
+            });
+        }
         // Like the real daemon, it runs with its pipe dir in its environment.
         let child = Command::new("sleep")
             .arg("600")
@@ -96,6 +133,7 @@ impl MpsControl for FakeControl {
     }
 
     async fn command(&self, pipe_dir: &Path, command: &str) -> Result<String, ControlError> {
+        self.wait_if_stalled(pipe_dir).await;
         self.log.lock().unwrap().push(command.to_string());
         if self.silent.lock().unwrap().iter().any(|p| p == pipe_dir) {
             return Err(ControlError::Timeout {
@@ -453,9 +491,12 @@ async fn a_restarted_manager_adopts_daemons_and_leases_without_restarting_them()
     assert_eq!(s.daemons[0].control_pid, pid);
     assert_eq!(s.leases.len(), 1);
     assert_eq!(*e.control.starts.lock().unwrap(), 1, "no second daemon");
-    // Same class still admitted without resetting limits; another class still refused.
-    let before = e.control.commands().len();
+    // Same class still admitted; another class still refused. The new manager cannot know what
+    // the server holds (another run's gates may have changed it): it sets the limits once more,
+    // then trusts its own setting.
     m2.acquire(request("c2", "GPU-0", 4, 25, "ns")).await.unwrap();
+    let before = e.control.commands().len();
+    m2.acquire(request("c4", "GPU-0", 4, 25, "ns")).await.unwrap();
     assert!(
         !e.control.commands()[before..]
             .iter()
@@ -1105,4 +1146,217 @@ async fn a_connection_made_while_the_manager_restarts_is_served_by_the_next_one(
         store.0.lock().unwrap().is_empty(),
         "the keeper drops a released gate's socket"
     );
+}
+
+fn pipe_of(e: &Env, gpu: &str) -> PathBuf {
+    e.config.pipe_dir(&DaemonKey::new([gpu]))
+}
+
+/// Issue 8, defect 1: one GPU's daemon hung in its start (or in a CLI call that waits out its
+/// timeout) held the node-wide lock, and with it Acquire, Release and status on every GPU.
+#[tokio::test]
+async fn a_daemon_hung_in_its_start_holds_up_only_its_own_gpu() {
+    let e = env(LimitPolicy::Uniform, Tenancy::Shared);
+    let m = core(&e).await;
+    m.acquire(request("c-before", "GPU-1", 2, 25, "ns"))
+        .await
+        .unwrap();
+    e.control.stall(&pipe_of(&e, "GPU-0"));
+    let quick = std::time::Duration::from_secs(2);
+    let hung = m.acquire(request("c-hung", "GPU-0", 4, 25, "ns"));
+    let others = async {
+        // Let the hung Acquire reach its daemon's start first.
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+        let other_gpu =
+            tokio::time::timeout(quick, m.acquire(request("c-other", "GPU-1", 2, 25, "ns"))).await;
+        let status = tokio::time::timeout(quick, m.status()).await;
+        let released = tokio::time::timeout(quick, m.release("c-before")).await;
+        let reconciled = tokio::time::timeout(quick, m.reconcile(now_unix())).await;
+        let same_gpu_waits = tokio::time::timeout(std::time::Duration::from_millis(200), m.status()).await;
+        e.control.unstall(&pipe_of(&e, "GPU-0"));
+        (other_gpu, status, released, reconciled, same_gpu_waits)
+    };
+    let (hung, (other_gpu, status, released, reconciled, _)) = tokio::join!(hung, others);
+    other_gpu
+        .expect("an Acquire on another GPU waited for the hung daemon")
+        .unwrap();
+    let status = status.expect("status waited for the hung daemon");
+    assert!(
+        status.leases.iter().all(|l| l.container_id != "c-hung"),
+        "a lease whose daemon is not ready is not shown as held"
+    );
+    assert!(released.expect("a release waited for the hung daemon").unwrap());
+    reconciled.expect("reconcile waited for a daemon it had nothing to do with");
+    hung.unwrap();
+    let s = m.status().await;
+    let mut held: Vec<&str> = s.leases.iter().map(|l| l.container_id.as_str()).collect();
+    held.sort();
+    assert_eq!(held, ["c-hung", "c-other"]);
+}
+
+/// Two Acquires for one daemon at once: the second waits for the first one's start and uses
+/// that daemon; both containers' memory is counted while the start is in flight.
+#[tokio::test]
+async fn acquires_for_one_daemon_in_flight_start_it_once_and_count_each_other() {
+    let e = env(LimitPolicy::Exact, Tenancy::Shared);
+    let m = core(&e).await;
+    e.control.stall(&pipe_of(&e, "GPU-0"));
+    let first = m.acquire(request("c1", "GPU-0", 10, 25, "ns"));
+    let rest = async {
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+        // 16 GiB GPU: 10 GiB pending leave no room for 8 more.
+        let over = m.acquire(request("c-over", "GPU-0", 8, 25, "ns")).await;
+        let retried = m.acquire(request("c1", "GPU-0", 10, 25, "ns")).await;
+        let second = m.acquire(request("c2", "GPU-0", 4, 25, "ns"));
+        let unstall = async {
+            tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+            e.control.unstall(&pipe_of(&e, "GPU-0"));
+        };
+        let (second, ()) = tokio::join!(second, unstall);
+        (over, retried, second)
+    };
+    let (first, (over, retried, second)) = tokio::join!(first, rest);
+    first.unwrap();
+    second.unwrap();
+    let over = over.expect_err("memory of an Acquire in flight was not counted");
+    assert!(matches!(over, ManagerError::Refused(_)), "{over}");
+    let retried = retried.expect_err("a second Acquire of the same container while its first is in flight");
+    assert_eq!(retried.code(), ttrpc::Code::UNAVAILABLE, "{retried}");
+    assert!(
+        retried.to_string().contains("already being given its lease"),
+        "{retried}"
+    );
+    assert_eq!(*e.control.starts.lock().unwrap(), 1, "one daemon");
+    assert_eq!(m.status().await.leases.len(), 2);
+}
+
+/// An idle daemon's stop and an Acquire for it cross: the Acquire waits for the stop, then
+/// starts a new daemon; it never records a lease on a stopped daemon.
+#[tokio::test]
+async fn an_acquire_that_meets_an_idle_stop_gets_a_running_daemon() {
+    let mut e = env(LimitPolicy::Uniform, Tenancy::Shared);
+    e.config.idle_grace_seconds = 0;
+    let m = core(&e).await;
+    m.acquire(request("c1", "GPU-0", 4, 25, "ns")).await.unwrap();
+    assert!(m.release("c1").await.unwrap());
+    let first = m.status().await.daemons[0].control_pid;
+    e.control.stall(&pipe_of(&e, "GPU-0"));
+    let stop = m.reconcile(now_unix());
+    let acquire = async {
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+        let acquire = m.acquire(request("c2", "GPU-0", 4, 25, "ns"));
+        let unstall = async {
+            tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+            e.control.unstall(&pipe_of(&e, "GPU-0"));
+        };
+        tokio::join!(acquire, unstall).0
+    };
+    let ((), acquired) = tokio::join!(stop, acquire);
+    acquired.unwrap();
+    let s = m.status().await;
+    assert_eq!(s.daemons.len(), 1);
+    let daemon = &s.daemons[0];
+    assert_ne!(daemon.control_pid, first, "the idle daemon was stopped");
+    assert!(
+        ProcessIdentity::of(daemon.control_pid).is_some_and(|p| p.is_alive()),
+        "the lease's daemon runs"
+    );
+    assert_eq!(daemon.state, "running");
+    assert_eq!(*e.control.starts.lock().unwrap(), 2);
+}
+
+/// Issue 8, defect 2: the record of a daemon kept the limits the manager last set and trusted
+/// them across restarts, while the gates of a run under policy `exact` changed the server's
+/// limits without it: back under `uniform`, a container of the recorded class got the server's
+/// other limits. One cache now, in the daemon's owner, per daemon process.
+#[tokio::test]
+async fn limits_set_by_another_run_are_set_again_after_a_policy_switch() {
+    let e = env(LimitPolicy::Uniform, Tenancy::Shared);
+    let m = core(&e).await;
+    let container = FakeContainer::start();
+    m.acquire(container.request("c1", "GPU-0", 4, 25, "ns"))
+        .await
+        .unwrap();
+    drop(m);
+    let pipe = pipe_of(&e, "GPU-0");
+    let held = |e: &Env| {
+        let daemons = e.control.daemons.lock().unwrap();
+        let d = &daemons[&pipe];
+        (d.default_threads.clone(), d.default_mem.clone())
+    };
+    let set_by_uniform = held(&e);
+    assert_eq!(set_by_uniform.0, "25.0");
+    // The next run, under `exact`: a client of another container got its own limits, set by
+    // its gate on the same (adopted) daemon.
+    for command in [
+        "set_default_active_thread_percentage 50",
+        "set_default_device_pinned_mem_limit 0 8192M",
+    ] {
+        e.control.command(&pipe, command).await.unwrap();
+    }
+    // Back under `uniform`.
+    let m = core(&e).await;
+    assert_ne!(held(&e), set_by_uniform);
+    m.acquire(request("c2", "GPU-0", 4, 25, "ns")).await.unwrap();
+    assert_eq!(held(&e), set_by_uniform, "the server kept another run's limits");
+}
+
+/// Issue 8, fault 2: a control daemon dies under a running container. The next tick (1 s)
+/// notices it, starts a new one with the lease's limits, and marks the lease: its processes
+/// lost their server. New containers get the new daemon.
+#[tokio::test]
+async fn a_daemon_that_dies_under_a_lease_is_replaced_and_the_lease_marked() {
+    let e = env(LimitPolicy::Uniform, Tenancy::Shared);
+    let m = core(&e).await;
+    let container = FakeContainer::start();
+    m.acquire(container.request("c1", "GPU-0", 4, 25, "ns"))
+        .await
+        .unwrap();
+    let first = m.status().await.daemons[0].control_pid;
+    assert_eq!(m.status().await.leases[0].daemon_lost_unix, 0);
+    e.control.kill_all();
+    let died = now_unix();
+    m.reconcile(died).await;
+    let s = m.status().await;
+    assert_ne!(s.daemons[0].control_pid, first);
+    assert_eq!(s.leases[0].daemon_lost_unix, died, "the lease is marked");
+    m.acquire(request("c2", "GPU-0", 4, 25, "ns")).await.unwrap();
+    let s = m.status().await;
+    let c2 = s.leases.iter().find(|l| l.container_id == "c2").unwrap();
+    assert_eq!(c2.daemon_lost_unix, 0, "a new lease is on the new daemon");
+    assert_eq!(*e.control.starts.lock().unwrap(), 2);
+}
+
+/// A daemon that cannot be started again under its leases is retried on every tick: the
+/// failed start used to drop its record, and nothing tried again.
+#[tokio::test]
+async fn a_failed_restart_under_leases_is_retried() {
+    let e = env(LimitPolicy::Uniform, Tenancy::Shared);
+    let m = core(&e).await;
+    let container = FakeContainer::start();
+    m.acquire(container.request("c1", "GPU-0", 4, 25, "ns"))
+        .await
+        .unwrap();
+    e.control.kill_all();
+    e.control.refuse_starts.lock().unwrap().push(pipe_of(&e, "GPU-0"));
+    m.reconcile(now_unix()).await;
+    m.reconcile(now_unix()).await;
+    assert_eq!(*e.control.starts.lock().unwrap(), 1, "no start succeeded");
+    let s = m.status().await;
+    assert!(
+        s.gpus[0].unhealthy_reason.contains("could not start"),
+        "{:?}",
+        s.gpus[0].unhealthy_reason
+    );
+    e.control.refuse_starts.lock().unwrap().clear();
+    m.reconcile(now_unix()).await;
+    assert_eq!(
+        *e.control.starts.lock().unwrap(),
+        2,
+        "tried again on a later tick"
+    );
+    let s = m.status().await;
+    assert!(ProcessIdentity::of(s.daemons[0].control_pid).is_some_and(|p| p.is_alive()));
+    assert_eq!(s.daemons[0].active_thread_percentage, 25);
+    assert_eq!(s.gpus[0].unhealthy_reason, "");
 }

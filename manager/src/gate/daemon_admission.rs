@@ -1,7 +1,10 @@
-//! One owner per MPS daemon for everything the gates send to it: a task that takes the CUDA
+//! One owner per MPS daemon for everything sent to its servers: a task that takes the CUDA
 //! clients the gates let through, one at a time and in turn across containers, sets the
 //! server's limits to the client's when they differ (policy `exact`), and relays the client's
-//! request and the daemon's answer.
+//! request and the daemon's answer. It is also the only writer of the server's limits under
+//! the other policies (the manager sends it [`DaemonAdmission::set_limits`]), so the limits a
+//! server holds are known in one place whatever the policy was when they were set: a second
+//! cache elsewhere would trust itself after a policy switch and skip a setting that is needed.
 //!
 //! Why one at a time: the control daemon serves one connection at a time (measured), and an
 //! MPS server holds one set of limits, which a client takes when it gets its channel
@@ -31,7 +34,7 @@ use tracing::{info, warn};
 
 use super::seqpacket;
 use super::wire;
-use crate::mps_control::{self, MpsControl};
+use crate::mps_control::{self, ControlError, MpsControl};
 
 /// How long the daemon's end stays open for the client's acknowledgement of its channel
 /// (measured 0.2 to 2 ms). Past it the daemon's end is closed: the client has its channel
@@ -116,8 +119,30 @@ pub struct QueueView {
 /// handle is gone.
 #[derive(Clone)]
 pub struct DaemonAdmission {
-    tx: mpsc::UnboundedSender<(Job, Instant)>,
+    tx: mpsc::UnboundedSender<Message>,
     view: Arc<StdMutex<QueueView>>,
+    name: String,
+}
+
+/// What the owner task takes.
+enum Message {
+    /// A client to relay, and when it was queued.
+    Relay(Job, Instant),
+    /// Make the servers hold `limits` (policies `uniform` and `ceiling`); the answer is the
+    /// servers set, or `None` when they held them already.
+    SetLimits {
+        limits: Limits,
+        reply: oneshot::Sender<Result<Option<Vec<u32>>, ControlError>>,
+    },
+}
+
+/// Why [`DaemonAdmission::set_limits`] did not set them.
+#[derive(Debug, thiserror::Error)]
+pub enum SetLimitsError {
+    #[error("{0}")]
+    Control(#[from] ControlError),
+    #[error("the owner of MPS daemon {daemon} has stopped; its limits cannot be set")]
+    OwnerGone { daemon: String },
 }
 
 /// Where daemon owners report stuck servers; the manager takes the reports on its tick.
@@ -160,6 +185,7 @@ impl DaemonAdmission {
         timings: RelayTimings,
         reports: WedgeReports,
     ) -> Self {
+        let name_for_errors = name.clone();
         let (tx, rx) = mpsc::unbounded_channel();
         let view = Arc::new(StdMutex::new(QueueView::default()));
         let owner = Owner {
@@ -176,19 +202,40 @@ impl DaemonAdmission {
             reports,
         };
         tokio::spawn(owner.run(rx));
-        DaemonAdmission { tx, view }
+        DaemonAdmission {
+            tx,
+            view,
+            name: name_for_errors,
+        }
     }
 
     /// Queues a job; gives it back if the owner task is gone.
     pub fn submit(&self, job: Job) -> Result<(), Job> {
         // Counted before it is sent, so that the owner's decrement never comes first.
         lock(&self.view).queued += 1;
-        self.tx.send((job, Instant::now())).map_err(|e| {
+        self.tx.send(Message::Relay(job, Instant::now())).map_err(|e| {
             let mut view = lock(&self.view);
             view.queued = view.queued.saturating_sub(1);
-            e.0.0
+            match e.0 {
+                Message::Relay(job, _) => job,
+                Message::SetLimits { .. } => unreachable!("a relay was sent"),
+            }
         })?;
         Ok(())
+    }
+
+    /// Makes the daemon's servers (and its defaults, for servers it starts later) hold
+    /// `limits`, in turn with the clients being relayed: never while a client takes its
+    /// channel. `None` when they held them already (set by this owner for this daemon process).
+    pub async fn set_limits(&self, limits: Limits) -> Result<Option<Vec<u32>>, SetLimitsError> {
+        let gone = || SetLimitsError::OwnerGone {
+            daemon: self.name.clone(),
+        };
+        let (reply, answer) = oneshot::channel();
+        self.tx
+            .send(Message::SetLimits { limits, reply })
+            .map_err(|_| gone())?;
+        Ok(answer.await.map_err(|_| gone())??)
     }
 
     pub fn view(&self) -> QueueView {
@@ -249,17 +296,17 @@ impl Served {
 }
 
 impl Owner {
-    async fn run(mut self, mut rx: mpsc::UnboundedReceiver<(Job, Instant)>) {
+    async fn run(mut self, mut rx: mpsc::UnboundedReceiver<Message>) {
         let mut waiting = RoundRobin::default();
         loop {
             if waiting.is_empty() {
                 match rx.recv().await {
-                    Some((job, at)) => waiting.push(job, at),
+                    Some(message) => self.take(message, &mut waiting).await,
                     None => return,
                 }
             }
-            while let Ok((job, at)) = rx.try_recv() {
-                waiting.push(job, at);
+            while let Ok(message) = rx.try_recv() {
+                self.take(message, &mut waiting).await;
             }
             let Some((job, at)) = waiting.pop() else {
                 continue;
@@ -301,6 +348,52 @@ impl Owner {
                 limits_set,
             });
         }
+    }
+
+    /// Queues a client, or sets limits right away: between two clients, never during one.
+    async fn take(&mut self, message: Message, waiting: &mut RoundRobin) {
+        match message {
+            Message::Relay(job, at) => waiting.push(job, at),
+            Message::SetLimits { limits, reply } => {
+                let result = self.hold_limits(limits, "the manager").await;
+                if matches!(result, Ok(Some(_))) {
+                    let mut view = lock(&self.view);
+                    view.limit_changes += 1;
+                    view.class = self.applied.map(|a| a.limits);
+                }
+                let _ = reply.send(result);
+            }
+        }
+    }
+
+    /// Sets `limits` on the daemon's defaults and servers unless this owner set them on this
+    /// daemon process already. The one limit cache of the daemon: keyed by the daemon's pid, so
+    /// that a restarted daemon (which starts from its own defaults) gets them again.
+    async fn hold_limits(
+        &mut self,
+        limits: Limits,
+        for_whom: &str,
+    ) -> Result<Option<Vec<u32>>, ControlError> {
+        // Without the daemon's pid there is no telling whether the server is the one the
+        // limits were set on: set them again.
+        let wanted =
+            mps_control::read_pid_file(&self.pipe_dir).map(|daemon_pid| Applied { daemon_pid, limits });
+        if wanted.is_some() && self.applied == wanted {
+            return Ok(None);
+        }
+        let before = self.applied.take();
+        let started = Instant::now();
+        // Unknown until it succeeds: a half-applied change is redone next time.
+        let servers = mps_control::apply_limits_everywhere(
+            self.control.as_ref(),
+            &self.pipe_dir,
+            limits,
+            self.gpu_count,
+        )
+        .await?;
+        info!(daemon = %self.name, limits = %limits, before = ?before.map(|a| a.limits), servers = ?servers, for_whom, elapsed_ms = started.elapsed().as_millis() as u64, "server limits set and read back");
+        self.applied = wanted;
+        Ok(Some(servers))
     }
 
     /// Follows whether the daemon answers, and reports it once when it stops.
@@ -351,34 +444,15 @@ impl Owner {
         }
         let mut limits_set = false;
         if let Some(limits) = class {
-            // Without the daemon's pid there is no telling whether the server is the one the
-            // limits were set on: set them again.
-            let wanted =
-                mps_control::read_pid_file(&self.pipe_dir).map(|daemon_pid| Applied { daemon_pid, limits });
-            if wanted.is_none() || self.applied != wanted {
-                let before = self.applied.take();
-                let started = Instant::now();
-                match mps_control::apply_limits_everywhere(
-                    self.control.as_ref(),
-                    &self.pipe_dir,
-                    limits,
-                    self.gpu_count,
-                )
-                .await
-                {
-                    Ok(servers) => {
-                        info!(daemon = %self.name, limits = %limits, before = ?before.map(|a| a.limits), servers = ?servers, for_container = %container, client_pid = credentials.pid(), elapsed_ms = started.elapsed().as_millis() as u64, "gate: server limits set and read back");
-                        self.applied = wanted;
-                        limits_set = true;
-                    }
-                    Err(e) => {
-                        // Unknown until it succeeds: a half-applied change is redone next time.
-                        let unanswered = matches!(e, crate::mps_control::ControlError::Timeout { .. });
-                        return Served::nothing(Outcome::Failed {
-                            why: format!("setting the server's limits to {limits} failed: {e}"),
-                            unanswered,
-                        });
-                    }
+            let for_whom = format!("container {container}, client pid {}", credentials.pid());
+            match self.hold_limits(limits, &for_whom).await {
+                Ok(set) => limits_set = set.is_some(),
+                Err(e) => {
+                    let unanswered = matches!(e, ControlError::Timeout { .. });
+                    return Served::nothing(Outcome::Failed {
+                        why: format!("setting the server's limits to {limits} failed: {e}"),
+                        unanswered,
+                    });
                 }
             }
         }

@@ -345,13 +345,19 @@ impl Gates {
     }
 
     fn admission_of(&self, target: &GateTarget) -> DaemonAdmission {
+        self.daemon_owner(&target.daemon, &target.daemon_pipe_dir)
+    }
+
+    /// The owner of the daemon of `key` (started on first use): the one that relays its clients
+    /// and the only one that sets its servers' limits.
+    pub fn daemon_owner(&self, key: &DaemonKey, pipe_dir: &Path) -> DaemonAdmission {
         lock(&self.daemons)
-            .entry(target.daemon.dir_name())
+            .entry(key.dir_name())
             .or_insert_with(|| {
                 DaemonAdmission::spawn(
-                    target.daemon.to_string(),
-                    target.daemon_pipe_dir.clone(),
-                    target.daemon.gpu_uuids().len(),
+                    key.to_string(),
+                    pipe_dir.to_path_buf(),
+                    key.gpu_uuids().len(),
                     self.control.clone(),
                     RelayTimings {
                         answer_timeout: self.timings.handshake_timeout,

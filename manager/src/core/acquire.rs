@@ -1,0 +1,305 @@
+//! Acquire: admission in the books, the daemon made ready in its turn, the gate opened, the
+//! lease recorded. Two Acquires on different daemons never wait for each other.
+
+use gpu_mps_api::message::one_line;
+use gpu_mps_api::{ContainerId, DaemonKey, Limits, proto};
+use tracing::{error, info, warn};
+
+use super::{Books, ManagerCore, ManagerError, now_unix};
+use crate::admission::{self, LeaseRequest};
+use crate::lease::LeaseRecord;
+use crate::process_identity::ProcessIdentity;
+
+/// What the books say about an Acquire before any daemon is touched.
+enum Reservation {
+    /// The container holds this lease already (a retried hook): answered as it is.
+    Held(proto::AcquireResponse),
+    /// Admitted and counted as pending; its daemon must be made ready.
+    Admitted {
+        lease: Box<LeaseRecord>,
+        server_limits: Option<Limits>,
+    },
+}
+
+impl ManagerCore {
+    /// Leases the container's daemon: admission, daemon start on demand, limits set and read
+    /// back, lease recorded. Idempotent per container id.
+    pub async fn acquire(&self, req: proto::AcquireRequest) -> Result<proto::AcquireResponse, ManagerError> {
+        let started = std::time::Instant::now();
+        let request = validate(&req)?;
+        self.check_layout(&req)?;
+        let (maxima, scope) = self.config.maxima_for(&req.namespace);
+        let maxima = if req.memory_units.is_empty() {
+            maxima
+        } else {
+            maxima.for_allocated_units()
+        };
+        maxima
+            .check(request.limits, request.cuda_processes, &scope)
+            .map_err(|e| {
+                warn!(container = %req.container_id, namespace = %req.namespace, pod = %req.pod, limits = %request.limits, cuda_processes = request.cuda_processes, refusal = %e, "lease refused");
+                ManagerError::InvalidRequest(e.to_string())
+            })?;
+        // Under every policy a container reaches MPS only through its gate (docs/adr/0006).
+        let gate_id =
+            ContainerId::parse(&req.container_id).map_err(|e| ManagerError::InvalidRequest(e.to_string()))?;
+        // The hook runs while the container's init process waits in runc: if it is gone, the
+        // container is, and a lease without a live process could never be cleaned up.
+        let process = ProcessIdentity::of(req.pid).ok_or_else(|| {
+            ManagerError::InvalidRequest(format!(
+                "container {} has no running process (pid {})",
+                req.container_id, req.pid
+            ))
+        })?;
+        let (lease, server_limits) = match self.reserve(&req, &request, process, &gate_id)? {
+            Reservation::Held(response) => return Ok(response),
+            Reservation::Admitted { lease, server_limits } => (lease, server_limits),
+        };
+        let ready = self.make_ready(&lease, server_limits, &gate_id).await;
+        let response = self.record(&lease, &gate_id, ready)?;
+        let server_limits = server_limits.map_or_else(|| "per client (gate)".to_string(), |l| l.to_string());
+        info!(container = %req.container_id, namespace = %req.namespace, pod = %req.pod, gpus = %request.key, limits = %request.limits, cuda_processes = request.cuda_processes, server_limits = %server_limits, elapsed_us = started.elapsed().as_micros() as u64, "lease acquired");
+        Ok(response)
+    }
+
+    /// In the books: answers a held lease again, drops leases whose container is gone and
+    /// that stand in the way, admits the request against every lease recorded or pending, and
+    /// counts it as pending.
+    fn reserve(
+        &self,
+        req: &proto::AcquireRequest,
+        request: &LeaseRequest,
+        process: ProcessIdentity,
+        gate_id: &ContainerId,
+    ) -> Result<Reservation, ManagerError> {
+        let mut books = self.books();
+        if books.pending.contains_key(&req.container_id) {
+            return Err(ManagerError::InProgress(format!(
+                "container {} is already being given its lease (its daemon is starting); try again",
+                req.container_id
+            )));
+        }
+        if let Some(existing) = books.state.leases.get(&req.container_id).cloned() {
+            let same_process = existing.process.is_none() || existing.process == Some(process);
+            if same_process
+                && existing.key == request.key
+                && existing.limits == request.limits
+                && existing.cuda_processes == request.cuda_processes
+                && existing.memory_units == request.memory_units
+            {
+                if !self.gates.is_open(gate_id) {
+                    self.gates.open(self.gate_target(gate_id, &existing), None)?;
+                }
+                return Ok(Reservation::Held(self.response_for(&books, &existing)));
+            }
+            if same_process || existing.container_alive() {
+                return Err(ManagerError::InvalidRequest(format!(
+                    "container {} already holds a lease on {} with {} (pid {})",
+                    req.container_id,
+                    existing.key,
+                    existing.limits,
+                    existing.process.map_or(0, |p| p.pid)
+                )));
+            }
+            // The id was reused by a new container (its old process is gone, its release was
+            // missed): the old lease goes.
+            warn!(container = %req.container_id, old_pid = existing.process.map_or(0, |p| p.pid), new_pid = req.pid, "a new container reuses the id of a lease whose process is gone; the old lease is dropped");
+            books.state.leases.remove(&req.container_id);
+            books.mark_idle_if_unused(&existing.key);
+        }
+        // kubelet hands out units once their pod has ended, which can be before the manager has
+        // dropped the lease of its container (release grace, a missed poststop): a holder whose
+        // process is gone gives its units up now rather than get the new container refused.
+        let gone_holders: Vec<LeaseRecord> = books
+            .state
+            .leases
+            .values()
+            .filter(|l| {
+                l.key == request.key
+                    && request.memory_units.iter().any(|u| l.memory_units.contains(u))
+                    && !l.container_alive()
+            })
+            .cloned()
+            .collect();
+        for gone in gone_holders {
+            warn!(container = %gone.container_id, new_container = %req.container_id, "the units of a lease whose container is gone are given to a new container; the old lease is dropped");
+            books.state.leases.remove(&gone.container_id);
+            books.mark_idle_if_unused(&gone.key);
+        }
+        let live = books.state.leases.values().chain(books.pending.values());
+        let server_limits = admission::admit(&self.inventory.gpus, live, request, &self.policy)
+            .inspect_err(|refusal| {
+                warn!(container = %req.container_id, namespace = %req.namespace, pod = %req.pod, gpus = %request.key, limits = %request.limits, %refusal, "lease refused")
+            })?;
+        let lease = LeaseRecord {
+            container_id: req.container_id.clone(),
+            key: request.key.clone(),
+            limits: request.limits,
+            cuda_processes: request.cuda_processes,
+            namespace: req.namespace.clone(),
+            pod: req.pod.clone(),
+            container_name: req.container_name.clone(),
+            bundle: req.bundle.clone(),
+            process: Some(process),
+            acquired_unix: now_unix(),
+            memory_units: request.memory_units.clone(),
+            daemon_lost_unix: None,
+        };
+        books.pending.insert(lease.container_id.clone(), lease.clone());
+        Ok(Reservation::Admitted {
+            lease: Box::new(lease),
+            server_limits,
+        })
+    }
+
+    /// In the daemon's turn, outside the books: the daemon started if needed and its limits set;
+    /// then the container's gate opened. A daemon that cannot start makes its GPUs unhealthy
+    /// (`gpu-mps status`, the device plugin) until one starts.
+    async fn make_ready(
+        &self,
+        lease: &LeaseRecord,
+        server_limits: Option<Limits>,
+        gate_id: &ContainerId,
+    ) -> Result<(), NotReady> {
+        {
+            let _turn = self.daemon_turns.take(&lease.key).await;
+            self.ensure_daemon(&lease.key, server_limits)
+                .await
+                .map_err(NotReady::Daemon)?;
+        }
+        // Before the lease is recorded: a container whose gate cannot open must not start (its
+        // CUDA processes would find no control socket).
+        self.gates
+            .open(self.gate_target(gate_id, lease), None)
+            .map_err(|e| {
+                error!(container = %lease.container_id, namespace = %lease.namespace, pod = %lease.pod, error = %e, "lease failed: cannot open the container's gate");
+                NotReady::Gate(e.into())
+            })
+    }
+
+    /// In the books: the pending lease becomes a recorded one, or goes, with what failed.
+    fn record(
+        &self,
+        lease: &LeaseRecord,
+        gate_id: &ContainerId,
+        ready: Result<(), NotReady>,
+    ) -> Result<proto::AcquireResponse, ManagerError> {
+        let mut books = self.books();
+        let still_pending = books.pending.remove(&lease.container_id).is_some();
+        if let Err(failed) = ready {
+            books.mark_idle_if_unused(&lease.key);
+            let error = match failed {
+                NotReady::Daemon(e) => {
+                    note_start_failure(&mut books, &lease.key, &e);
+                    e
+                }
+                NotReady::Gate(e) => e,
+            };
+            return Err(error);
+        }
+        if !still_pending {
+            // Released while its daemon started (the container was deleted meanwhile).
+            self.gates.close(gate_id, &self.config.gate_dir(gate_id));
+            books.mark_idle_if_unused(&lease.key);
+            return Err(ManagerError::InvalidRequest(format!(
+                "container {} was released while its lease was being acquired",
+                lease.container_id
+            )));
+        }
+        books.start_failures.remove(&lease.key);
+        if let Some(d) = books.state.daemons.get_mut(&lease.key.dir_name()) {
+            d.idle_since_unix = None;
+        }
+        books
+            .state
+            .leases
+            .insert(lease.container_id.clone(), lease.clone());
+        if let Err(e) = books.save(&self.config.state_path()) {
+            books.state.leases.remove(&lease.container_id);
+            books.mark_idle_if_unused(&lease.key);
+            drop(books);
+            self.gates.close(gate_id, &self.config.gate_dir(gate_id));
+            return Err(e.into());
+        }
+        Ok(self.response_for(&books, lease))
+    }
+
+    /// Refuses a container the shim laid out under another node config than the one this
+    /// manager runs with (config.toml edited, the manager not restarted).
+    fn check_layout(&self, req: &proto::AcquireRequest) -> Result<(), ManagerError> {
+        let policy = self.config.policy.to_string();
+        let changed = (!req.policy.is_empty() && req.policy != policy)
+            || (!req.config_digest.is_empty() && req.config_digest != self.config_digest);
+        if changed {
+            let message = format!(
+                "node config changed since gpu-mps-manager started: restart it (container {} was laid out for policy {} with config {}, the manager runs policy {policy} with config {} from {})",
+                req.container_id,
+                if req.policy.is_empty() { "?" } else { &req.policy },
+                if req.config_digest.is_empty() {
+                    "?"
+                } else {
+                    &req.config_digest
+                },
+                self.config_digest,
+                self.config_source.display()
+            );
+            warn!(container = %req.container_id, "lease refused: {message}");
+            return Err(ManagerError::ConfigChanged(message));
+        }
+        Ok(())
+    }
+
+    pub(super) fn response_for(&self, books: &Books, lease: &LeaseRecord) -> proto::AcquireResponse {
+        let mut resp = proto::AcquireResponse::new();
+        resp.lease = Some(super::status::lease_proto(lease)).into();
+        if let Some(d) = books.state.daemons.get(&lease.key.dir_name()) {
+            resp.daemon = Some(super::status::daemon_proto(
+                d,
+                books.state.leases_of(&lease.key).count(),
+            ))
+            .into();
+        }
+        resp
+    }
+}
+
+/// Why a pending lease could not be recorded.
+enum NotReady {
+    /// Its daemon could not be started or given its limits: the GPU reports unhealthy.
+    Daemon(ManagerError),
+    Gate(ManagerError),
+}
+
+fn note_start_failure(books: &mut Books, key: &DaemonKey, error: &ManagerError) {
+    books
+        .start_failures
+        .insert(key.clone(), (now_unix(), one_line(&error.to_string())));
+}
+
+/// Checks what the hook sent and turns it into an admission request.
+fn validate(req: &proto::AcquireRequest) -> Result<LeaseRequest, ManagerError> {
+    let bad = |m: String| Err(ManagerError::InvalidRequest(m));
+    if req.container_id.is_empty() {
+        return bad("container_id is empty".into());
+    }
+    if req.gpu_uuids.is_empty() {
+        return bad("no GPU in the request".into());
+    }
+    let limits = Limits::checked(req.memory_limit_bytes, req.active_thread_percentage)
+        .map_err(|e| ManagerError::InvalidRequest(e.to_string()))?;
+    // 0 is what the hook of an older shim sends: one process.
+    let cuda_processes = req.cuda_processes.max(1);
+    if cuda_processes > gpu_mps_api::limits::MAX_CUDA_PROCESSES {
+        return bad(format!(
+            "cuda_processes {cuda_processes} is out of range: expected 1 to {}",
+            gpu_mps_api::limits::MAX_CUDA_PROCESSES
+        ));
+    }
+    Ok(LeaseRequest {
+        key: DaemonKey::new(req.gpu_uuids.iter().cloned()),
+        limits,
+        cuda_processes,
+        namespace: req.namespace.clone(),
+        memory_units: req.memory_units.clone(),
+    })
+}
