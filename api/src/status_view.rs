@@ -80,6 +80,10 @@ pub struct LeaseView {
     /// The device plugin's gpu-mps.io/memory units on its GPU; empty without.
     #[serde(default)]
     pub memory_units: Vec<u32>,
+    /// When the MPS control daemon it used died under it (unix seconds; 0: never): its CUDA
+    /// processes running then lost their server.
+    #[serde(default)]
+    pub daemon_lost_unix: i64,
 }
 
 impl From<&proto::StatusResponse> for StatusView {
@@ -146,6 +150,7 @@ impl From<&proto::StatusResponse> for StatusView {
                     last_refusal: l.last_refusal.clone(),
                     gate_connections: l.gate_connections,
                     memory_units: l.memory_units.clone(),
+                    daemon_lost_unix: l.daemon_lost_unix,
                 })
                 .collect(),
         }
@@ -269,6 +274,7 @@ impl StatusView {
                 "UNITS",
                 "PID",
                 "REFUSED",
+                "DAEMON LOST",
             ],
             self.leases
                 .iter()
@@ -292,6 +298,12 @@ impl StatusView {
                             "0".to_string()
                         } else {
                             format!("{} (last: {})", l.refusals, l.last_refusal)
+                        },
+                        // Its processes running then lost their server; new ones use the new daemon.
+                        if l.daemon_lost_unix == 0 {
+                            "-".to_string()
+                        } else {
+                            format!("died (unix {})", l.daemon_lost_unix)
                         },
                     ]
                 })

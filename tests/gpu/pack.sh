@@ -5,7 +5,9 @@
 #   tests/gpu/pack.sh        (run from anywhere in the repo; .carry/ is ignored by git)
 set -euo pipefail
 cd "$(git rev-parse --show-toplevel)"
-grep -qx '/.carry/' .git/info/exclude 2>/dev/null || echo '/.carry/' >>.git/info/exclude
+exclude=$(git rev-parse --git-path info/exclude)
+mkdir -p "$(dirname "$exclude")"
+grep -qx '/.carry/' "$exclude" 2>/dev/null || echo '/.carry/' >>"$exclude"
 mkdir -p .carry
 cache=${GPU_MPS_CACHE:-$HOME/.cache/gpu-mps}
 GPU_MPS_SUITES=trixie tests/support/fetch-containerd.sh "$cache"
