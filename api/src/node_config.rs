@@ -433,7 +433,7 @@ impl NodeConfig {
                 key: "root",
                 message: format!(
                     "{} is {} bytes long, more than {MAX_ROOT_LEN}: the MPS and gate sockets under it must fit in a unix socket address (107 bytes)",
-                    root.display(),
+                    crate::message::printable(&root.to_string_lossy()),
                     root.as_os_str().len()
                 ),
             });
@@ -840,6 +840,14 @@ mod tests {
             .to_string();
         assert!(e.contains("unix socket address"), "{e}");
         assert!(parse(&format!("root = \"/{}\"", "r".repeat(MAX_ROOT_LEN - 1))).is_ok());
+        // Found by fuzzing: TOML escapes put line breaks in the root, which the message quotes.
+        let e = parse(&format!("root = \"/run/\\r\\n{}\"", "r".repeat(MAX_ROOT_LEN)))
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.contains("root: /run/\\r\\nrrr") && !e.contains(['\n', '\r']),
+            "{e:?}"
+        );
     }
 
     #[test]
