@@ -58,12 +58,42 @@ pub(super) fn add_import(doc: &mut DocumentMut, import: &str, path: &Path) -> Re
             .and_then(|p| p.as_str())
             .filter(|p| p.contains('\n'))
             .map(str::to_owned);
+        // Without a trailing comma the space before `]` belongs to the last path: it moves on to
+        // the new last path, so `[ "a" ]` becomes `[ "a", "x" ]` and a `]` on its own line stays
+        // there. remove_import gives it back.
+        let before_bracket = suffix_before_bracket(array);
+        if before_bracket.is_some() {
+            if let Some(last) = array.len().checked_sub(1).and_then(|i| array.get_mut(i)) {
+                last.decor_mut().set_suffix("");
+            }
+        }
         match own_line {
             Some(prefix) => array.push_formatted(Value::from(import).decorated(prefix, "")),
             None => array.push(import),
         }
+        if let (Some(space), Some(new)) = (
+            before_bracket,
+            array.len().checked_sub(1).and_then(|i| array.get_mut(i)),
+        ) {
+            new.decor_mut().set_suffix(space);
+        }
     }
     Ok(())
+}
+
+/// The space between the last path and `]` when the array has no trailing comma (toml_edit keeps
+/// it as that path's suffix).
+fn suffix_before_bracket(array: &Array) -> Option<String> {
+    if array.trailing_comma() {
+        return None;
+    }
+    array
+        .iter()
+        .last()
+        .and_then(|v| v.decor().suffix())
+        .and_then(|s| s.as_str())
+        .filter(|s| !s.is_empty())
+        .map(str::to_owned)
 }
 
 /// Removes the `imports` entries that name the drop-in itself (globs that cover it stay), and
@@ -93,7 +123,24 @@ pub(super) fn remove_import(
         .is_some_and(|s| s.contains(IMPORTS_MARKER));
     if let Some(array) = doc.get_mut("imports").and_then(Item::as_array_mut) {
         for i in ours.into_iter().rev() {
-            array.remove(i);
+            let was_last = i + 1 == array.len();
+            let removed = array.remove(i);
+            // The space before `]` stays before `]`, with the path now last or in an empty array.
+            let space = removed.decor().suffix().and_then(|s| s.as_str()).unwrap_or("");
+            if !was_last || array.trailing_comma() || space.is_empty() {
+                continue;
+            }
+            match array.len().checked_sub(1).and_then(|j| array.get_mut(j)) {
+                Some(last) => {
+                    let kept = last.decor().suffix().and_then(|s| s.as_str()).unwrap_or("");
+                    let joined = format!("{kept}{space}");
+                    last.decor_mut().set_suffix(joined);
+                }
+                None => {
+                    let joined = format!("{}{space}", array.trailing().as_str().unwrap_or(""));
+                    array.set_trailing(joined);
+                }
+            }
         }
         if array.is_empty() && added_by_us {
             doc.remove("imports");
@@ -389,6 +436,33 @@ mod tests {
             let plan = plan_install(&files(Some(&main)), &opts(Some(2))).expect("plan");
             let main_written = plan.changes.iter().any(|c| c.path() == Path::new(MAIN_CONFIG));
             assert_eq!(!main_written, covers, "{import}");
+        }
+    }
+
+    #[test]
+    fn the_space_before_the_closing_bracket_stays_there() {
+        let drop_in = "\"/etc/containerd/conf.d/gpu-mps.toml\"";
+        for (imports, with_drop_in) in [
+            ("imports = [\n]", format!("imports = [{drop_in}\n]")),
+            (
+                "imports = [ \"/etc/other/*.toml\" ]",
+                format!("imports = [ \"/etc/other/*.toml\", {drop_in} ]"),
+            ),
+            (
+                "imports = [\n  \"/etc/other/*.toml\"\n]",
+                format!("imports = [\n  \"/etc/other/*.toml\",\n  {drop_in}\n]"),
+            ),
+        ] {
+            let main = format!("version = 3\n{imports}\n");
+            let existing = files(Some(&main));
+            let plan = plan_install(&existing, &opts(Some(2))).expect("plan");
+            assert_eq!(
+                written(&plan, MAIN_CONFIG),
+                format!("version = 3\n{with_drop_in}\n")
+            );
+            let installed = after(&existing, &plan);
+            let removal = plan_uninstall(&installed, &opts(None)).expect("uninstall");
+            assert_eq!(after(&installed, &removal), existing, "{imports}");
         }
     }
 }

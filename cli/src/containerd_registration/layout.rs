@@ -273,3 +273,19 @@ fn same_value(a: &Value, b: &Value) -> bool {
         _ => false,
     }
 }
+
+/// `rendered` (toml_edit's text of an edited `previous`) with the line endings of `previous`:
+/// toml_edit ends every key-value line with `\n`, the last one too, so a file written with CRLF,
+/// or without a final newline, would come back changed in lines gpu-mps never touched.
+pub(super) fn keep_line_endings(previous: &str, rendered: String) -> String {
+    let crlf = previous.contains("\r\n") && !previous.replace("\r\n", "").contains('\n');
+    let (mut text, eol) = if crlf {
+        (rendered.replace("\r\n", "\n").replace('\n', "\r\n"), "\r\n")
+    } else {
+        (rendered, "\n")
+    };
+    if !previous.is_empty() && !previous.ends_with('\n') && text.ends_with(eol) {
+        text.truncate(text.len() - eol.len());
+    }
+    text
+}

@@ -7,7 +7,9 @@ use gpu_mps_api::message::one_line;
 use toml_edit::{Array, DocumentMut, Item, Table, Value, value};
 
 use super::imports::{add_import, imports_cover, remove_import};
-use super::layout::{Style, lookup, lookup_mut, plain_table, prune_empty_implicit, same_item, table_at};
+use super::layout::{
+    Style, keep_line_endings, lookup, lookup_mut, plain_table, prune_empty_implicit, same_item, table_at,
+};
 use super::{ConfigVersion, InstallOptions, Placement, RUNC_SHIM, RegistrationError, annotation_patterns};
 
 /// Put in front of the tables gpu-mps writes, so a reader of config.toml knows who owns them.
@@ -263,7 +265,10 @@ fn push_main_write(
     doc: &DocumentMut,
     main_existed: bool,
 ) {
-    let contents = doc.to_string();
+    let mut contents = doc.to_string();
+    if let Some(previous) = existing.main.as_deref() {
+        contents = keep_line_endings(previous, contents);
+    }
     if existing.main.as_deref() == Some(contents.as_str()) {
         return;
     }
@@ -854,5 +859,24 @@ mod tests {
             panic!("write")
         };
         assert!(contents.contains("\"/etc/containerd/conf.d/gpu-mps.toml\""));
+    }
+
+    #[test]
+    fn crlf_and_a_missing_final_newline_survive_install_and_uninstall() {
+        let original = DEBIAN.trim_end().replace('\n', "\r\n");
+        let existing = files(Some(&original));
+        let installed = after(&existing, &plan_install(&existing, &opts(Some(1))).expect("plan"));
+        let text = installed.main.as_deref().expect("main");
+        assert!(
+            !text.replace("\r\n", "").contains('\n') && !text.ends_with('\n'),
+            "{text:?}"
+        );
+        assert!(
+            plan_install(&installed, &opts(Some(1)))
+                .expect("again")
+                .is_empty()
+        );
+        let removal = plan_uninstall(&installed, &opts(None)).expect("uninstall");
+        assert_eq!(after(&installed, &removal), existing);
     }
 }
