@@ -28,7 +28,7 @@ GPU_MPS_SUITES=bookworm bash tests/support/fetch-containerd.sh "$GPU_MPS_CACHE"
 SUITE=$GPU_MPS_CACHE/containerd/bookworm
 
 say "building gpu-mps"
-cargo build --locked -p gpu-mps-shim -p gpu-mps-hook -p gpu-mps-manager -p fake-mps-control
+cargo build --locked -p gpu-mps-shim -p gpu-mps-hook -p gpu-mps-manager -p gpu-mps-cli -p fake-mps-control
 RUSTFLAGS='-C target-feature=+crt-static' cargo build --locked -p gpu-mps-checker --target x86_64-unknown-linux-gnu
 B=$PWD/target/debug
 CHECKER=$PWD/target/x86_64-unknown-linux-gnu/debug/gpu-mps-checker
