@@ -7,6 +7,7 @@ use std::collections::HashMap;
 use gpu_mps_api::annotations::ALLOCATED_UNITS;
 use gpu_mps_api::inventory::Inventory;
 use gpu_mps_api::memory_units::{Allocation, RESOURCE_NAME, UnitError, UnitLayout};
+use gpu_mps_api::message::printable;
 use gpu_mps_api::{DaemonKey, NodeConfig};
 use thiserror::Error;
 
@@ -37,7 +38,7 @@ pub enum AllocationError {
 pub fn require_gpu_for_units(annotations: &HashMap<String, String>) -> Result<(), AllocationError> {
     match annotations.get(ALLOCATED_UNITS) {
         Some(units) => Err(AllocationError::NoGpu {
-            units: units.chars().take(120).collect(),
+            units: printable(&units.chars().take(120).collect::<String>()).into_owned(),
         }),
         None => Ok(()),
     }
@@ -150,6 +151,14 @@ mod tests {
             "{e}"
         );
         assert_eq!(require_gpu_for_units(&HashMap::new()), Ok(()));
+        // Found by fuzzing: the value is quoted as the spec holds it.
+        let e = require_gpu_for_units(&with("GPU-a-m0\n\0GPU-a-m1"))
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.contains("units (GPU-a-m0\\n\\0GPU-a-m1)") && !e.contains('\n'),
+            "{e}"
+        );
     }
 
     #[test]
