@@ -9,6 +9,7 @@
 
 use std::collections::HashMap;
 
+use gpu_mps_api::message::printable;
 use oci_spec::runtime::{Hooks, Mount};
 use serde::Deserialize;
 use serde::de::DeserializeOwned;
@@ -21,7 +22,9 @@ pub enum SpecError {
     Json(String),
     #[error("config.json is not a JSON object")]
     NotAnObject,
-    #[error("config.json: {field}: {message}")]
+    /// `message` is serde's, which quotes an unknown name as the spec spells it: shown with
+    /// its control characters escaped.
+    #[error("config.json: {field}: {}", printable(.message))]
     Field { field: &'static str, message: String },
 }
 
@@ -247,6 +250,22 @@ mod tests {
                 e.to_string().starts_with(&format!("config.json: {field}: ")),
                 "{e}"
             );
+        }
+    }
+
+    #[test]
+    fn a_malformed_part_is_refused_in_one_line_whatever_it_holds() {
+        // serde quotes an unknown enum variant or field name as it is, line breaks and all.
+        let spec = json!({ "linux": { "devices": [{ "path": "/dev/nvidia0", "type": "c\nx" }] } });
+        let e = linux_devices(&spec).unwrap_err().to_string();
+        assert!(e.contains("unknown variant `c\\nx`") && !e.contains('\n'), "{e}");
+        let spec = json!({ "hooks": { "prestart\r\n": [] } });
+        if let Err(e) = hooks(&spec) {
+            assert!(!e.to_string().contains(['\n', '\r']), "{e}");
+        }
+        let spec = json!({ "mounts": [{ "destination": "/x", "type": "bind", "\nuid": [] }] });
+        if let Err(e) = mounts(&spec) {
+            assert!(!e.to_string().contains('\n'), "{e}");
         }
     }
 
