@@ -371,9 +371,22 @@ pub async fn apply_limits_everywhere(
     device_count: usize,
 ) -> Result<Vec<u32>, ControlError> {
     apply_limits(control, pipe_dir, Target::Defaults, limits, device_count).await?;
-    let servers = server_pids(control, pipe_dir).await?;
-    for server in &servers {
-        apply_limits(control, pipe_dir, Target::Server(*server), limits, device_count).await?;
+    let listed = server_pids(control, pipe_dir).await?;
+    let mut servers = Vec::with_capacity(listed.len());
+    for server in listed {
+        if let Err(e) = apply_limits(control, pipe_dir, Target::Server(server), limits, device_count).await {
+            // A server that exited between the list and the setting (killed, or its last
+            // client left) holds nothing any more: the next one starts from the defaults set
+            // above.
+            let gone = server_pids(control, pipe_dir)
+                .await
+                .is_ok_and(|now| !now.contains(&server));
+            if gone {
+                continue;
+            }
+            return Err(e);
+        }
+        servers.push(server);
     }
     Ok(servers)
 }

@@ -6,7 +6,7 @@
 use std::time::Duration;
 
 use anyhow::{Context, Result, ensure};
-use gpu_mps_e2e::checker::{CheckerLine, Report};
+use gpu_mps_e2e::checker::{CheckerLine, MpsClient, Report};
 use gpu_mps_e2e::containerd::{CRI_NAMESPACE, GPU_MPS_HANDLER};
 use gpu_mps_e2e::image::TEST_IMAGE;
 use gpu_mps_e2e::manager::IDLE_GRACE_SECONDS;
@@ -16,6 +16,8 @@ use k8s_cri::v1 as cri;
 per_suite!(
     the_manager_sigkilled_under_running_containers_adopts_them_and_releases_later,
     containerd_restarts_under_a_running_container_and_new_creates_work,
+    a_control_daemon_killed_under_a_container_is_replaced_and_its_lease_marked,
+    a_server_killed_under_clients_gives_new_clients_their_limits_from_the_next_one,
 );
 
 const WAIT: Duration = Duration::from_secs(20);
@@ -181,6 +183,230 @@ async fn containerd_restarts_under_a_running_container_and_new_creates_work(suit
     }
     node.manager
         .wait_status("both released", WAIT, |s| s.leases.is_empty())
+        .await?;
+    Ok(())
+}
+
+/// A container that connects as a CUDA process would, holds its channel, and prints the
+/// server's limits as the (fake) server handed them.
+fn mps_client(name: &str, gpu: &str) -> ContainerSpec {
+    ContainerSpec::new(name, TEST_IMAGE)
+        .command(&["/checker"])
+        .args(&["mps-client", HOLD])
+        .gpu(gpu)
+}
+
+async fn admitted(
+    cri: &mut gpu_mps_e2e::CriClient,
+    name: &str,
+    gpu: &str,
+    memory: &str,
+    threads: u8,
+) -> Result<(gpu_mps_e2e::cri::Pod, gpu_mps_e2e::cri::Container, MpsClient)> {
+    let pod = cri
+        .run_pod_sandbox(&PodSpec::new(name, "default", GPU_MPS_HANDLER).gpu_limits(memory, threads))
+        .await?;
+    let container = cri.create_container(&pod, &mps_client(name, gpu)).await?;
+    cri.start_container(&container).await?;
+    let client = MpsClient::parse(&cri.first_stdout_line(&container, WAIT).await?)?;
+    ensure!(client.admitted, "{name} was not admitted: {client}");
+    Ok((pod, container, client))
+}
+
+/// Fault 2: the MPS control daemon is SIGKILLed while a container's client holds its server.
+/// The manager notices on its next tick (1 s): it marks the lease (its processes lost their
+/// server; `gpu-mps status`), logs it, and starts a new daemon; a new container's client gets
+/// its own limits from the new daemon's server.
+async fn a_control_daemon_killed_under_a_container_is_replaced_and_its_lease_marked(
+    suite: Suite,
+) -> Result<()> {
+    for limits in [LimitsConfig::uniform(), LimitsConfig::exact()] {
+        let policy = limits.policy.to_string();
+        let node = GpuNode::start(&suite, limits).await?;
+        let mut cri = node.cri().await?;
+        let gpu = node.gpu_uuid(0).to_string();
+        let (old_pod, old, _) = admitted(&mut cri, "daemon-victim", &gpu, "2Gi", 25).await?;
+        let before = node.manager.status().await?;
+        let daemon_pid = before.daemons[0].control_pid;
+        ensure!(
+            before.lease(&old.id).is_some_and(|l| l.daemon_lost_unix == 0),
+            "{before:#?}"
+        );
+        let killed = std::time::Instant::now();
+        gpu_mps_e2e::processes::kill_hard(daemon_pid);
+        node.manager
+            .wait_status("the lease marked", Duration::from_secs(2), |s| {
+                s.lease(&old.id).is_some_and(|l| l.daemon_lost_unix > 0)
+            })
+            .await?;
+        let noticed = killed.elapsed();
+        let after = node
+            .manager
+            .wait_status("a new daemon", WAIT, |s| {
+                s.daemons.len() == 1
+                    && s.daemons[0].control_pid != daemon_pid
+                    && gpu_mps_e2e::processes::alive(s.daemons[0].control_pid)
+            })
+            .await?;
+        let log = node.manager.log_tail(200);
+        ensure!(
+            log.contains("MPS control daemon died while containers use it"),
+            "no log line for the death: {log}"
+        );
+        let summary = after.leases_table();
+        ensure!(
+            summary.contains("died (unix "),
+            "status does not show it: {summary}"
+        );
+        // Uniform holds every lease of a server to one class: the new container shares it.
+        let (memory, threads, served) = if policy == "uniform" {
+            ("2Gi", 25, ("2G", "25.0"))
+        } else {
+            ("3Gi", 40, ("3G", "40.0"))
+        };
+        let (new_pod, new, client) = admitted(&mut cri, "after-death", &gpu, memory, threads).await?;
+        ensure!(
+            client.mem.get("0").map(String::as_str) == Some(served.0)
+                && client.threads.as_deref() == Some(served.1),
+            "{policy}: the container started after the daemon's death got {client}"
+        );
+        ensure!(
+            node.manager
+                .status()
+                .await?
+                .lease(&new.id)
+                .is_some_and(|l| l.daemon_lost_unix == 0),
+            "a new lease is marked"
+        );
+        println!(
+            "{}: {policy}: control daemon {daemon_pid} SIGKILLed under a client: lease marked after {} ms, new daemon {}, a new container got {memory}/{threads}%",
+            suite.containerd_version,
+            noticed.as_millis(),
+            after.daemons[0].control_pid
+        );
+        for (pod, container) in [(&old_pod, &old), (&new_pod, &new)] {
+            cri.delete_container(container).await?;
+            cri.delete_pod(pod).await?;
+        }
+        node.manager
+            .wait_status("both released", WAIT, |s| s.leases.is_empty())
+            .await?;
+    }
+    Ok(())
+}
+
+/// Fault 7: the MPS server is SIGKILLed while a client holds it, under `exact` also while
+/// clients of three other sizes are mid-handshake (`kubectl exec` of a CUDA process in running
+/// containers). A client admitted while it died holds its own limits, never another size's;
+/// every client afterwards gets its own limits from the server the daemon starts next (the
+/// one limit cache is per daemon process: the new server starts from the defaults the owner
+/// set last, and a client of another size gets its limits set before it is let through).
+async fn a_server_killed_under_clients_gives_new_clients_their_limits_from_the_next_one(
+    suite: Suite,
+) -> Result<()> {
+    let node = GpuNode::start(&suite, LimitsConfig::exact()).await?;
+    let mut cri = node.cri().await?;
+    let gpu = node.gpu_uuid(0).to_string();
+    let (first_pod, first, client) = admitted(&mut cri, "server-victim", &gpu, "2Gi", 25).await?;
+    let server = client.server_pid.context("no server pid")?;
+    let sizes = [
+        ("1Gi", 10, "1G", "10.0"),
+        ("3Gi", 40, "3G", "40.0"),
+        ("5Gi", 60, "5G", "60.0"),
+    ];
+    let mut racing = Vec::new();
+    for (i, (memory, threads, _, _)) in sizes.iter().enumerate() {
+        let name = format!("racing-{i}");
+        let pod = cri
+            .run_pod_sandbox(&PodSpec::new(&name, "default", GPU_MPS_HANDLER).gpu_limits(memory, *threads))
+            .await?;
+        let spec = ContainerSpec::new(&name, TEST_IMAGE)
+            .command(&["/checker"])
+            .args(&["report", HOLD])
+            .gpu(&gpu);
+        let container = cri.create_container(&pod, &spec).await?;
+        cri.start_container(&container).await?;
+        Report::parse(&cri.first_stdout_line(&container, WAIT).await?)?;
+        racing.push((pod, container));
+    }
+    async fn cuda_process(
+        mut cri: gpu_mps_e2e::CriClient,
+        container: gpu_mps_e2e::cri::Container,
+    ) -> Result<MpsClient> {
+        let out = cri
+            .exec_sync(&container, &["/checker", "mps-client"], WAIT)
+            .await
+            .map_err(|s| anyhow::anyhow!("exec in {}: {}", container.name, s.message()))?;
+        MpsClient::parse(out.last_line())
+    }
+    // Each container starts CUDA processes one after another while the server is killed:
+    // some handshakes come before, some during, some after.
+    const ROUNDS: usize = 4;
+    let handshakes = racing.iter().map(|(_, c)| {
+        let (cri, c) = (cri.clone(), c.clone());
+        async move {
+            let mut seen = Vec::new();
+            for _ in 0..ROUNDS {
+                seen.push(cuda_process(cri.clone(), c.clone()).await);
+            }
+            seen
+        }
+    });
+    let kill = async {
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        gpu_mps_e2e::processes::kill_hard(server);
+    };
+    let (during, ()) = tokio::join!(gpu_mps_e2e::concurrent::join_all(handshakes), kill);
+    let (mut on_old, mut on_new, mut refused) = (0, 0, 0);
+    for (clients, (memory, threads, mem, thr)) in during.into_iter().zip(sizes) {
+        for client in clients {
+            let client = client?;
+            if !client.admitted {
+                refused += 1;
+                continue;
+            }
+            if client.server_pid == Some(server) {
+                on_old += 1;
+            } else {
+                on_new += 1;
+            }
+            ensure!(
+                client.mem.get("0").map(String::as_str) == Some(mem)
+                    && client.threads.as_deref() == Some(thr),
+                "a {memory}/{threads}% client admitted while the server died got {client}"
+            );
+        }
+    }
+    ensure!(on_new > 0, "no client met the next server during the race");
+    for ((_, container), (memory, threads, mem, thr)) in racing.iter().zip(sizes) {
+        let again = cuda_process(cri.clone(), container.clone()).await?;
+        ensure!(
+            again.admitted
+                && again.server_pid.is_some_and(|p| p != server)
+                && again.mem.get("0").map(String::as_str) == Some(mem)
+                && again.threads.as_deref() == Some(thr),
+            "a new {memory}/{threads}% client after the server died got {again}"
+        );
+    }
+    let (last_pod, last, after) = admitted(&mut cri, "after-server", &gpu, "2Gi", 25).await?;
+    ensure!(
+        after.server_pid.is_some_and(|p| p != server)
+            && after.mem.get("0").map(String::as_str) == Some("2G")
+            && after.threads.as_deref() == Some("25.0"),
+        "a 2Gi client after the server died got {after}"
+    );
+    println!(
+        "{}: server {server} SIGKILLed under a client while 3 containers of other sizes started {ROUNDS} CUDA processes each: {on_old} admitted by the old server, {on_new} by the new one, {refused} refused; every admitted one held its own limits (new server {:?})",
+        suite.containerd_version, after.server_pid
+    );
+    racing.push((first_pod, first));
+    racing.push((last_pod, last));
+    for (pod, container) in &racing {
+        cri.delete_container(container).await?;
+        cri.delete_pod(pod).await?;
+    }
+    node.manager
+        .wait_status("all released", WAIT, |s| s.leases.is_empty())
         .await?;
     Ok(())
 }

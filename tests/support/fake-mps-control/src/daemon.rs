@@ -594,6 +594,15 @@ fn serve_cuda_client(
     let channel = Arc::new(kept);
     let admitted = {
         let mut state = daemon.lock_state();
+        if state.take_lost_client(pid) {
+            // Its server died between its two connections: it gets nothing more from this
+            // daemon (closed after the request: the client fails cleanly).
+            drop(state);
+            daemon.log.line(&format!(
+                "Client {pid} from user {uid}: its server exited; refused"
+            ));
+            return Ok(());
+        }
         if state.has_client(pid) {
             None
         } else {
@@ -649,6 +658,13 @@ fn serve_cuda_client(
         let _ = channel.set_read_timeout(Some(REGISTER_TIMEOUT));
         match protocol::recv_message(&channel) {
             Ok(Some(m)) if m == protocol::CHANNEL_REGISTER => {}
+            // Its server died before it registered: the daemon closed the channel, not the
+            // client; that leaves nothing stuck.
+            Ok(None) if !watcher.lock_state().holds_client(id) => {
+                watcher
+                    .log
+                    .line(&format!("Client {pid}: its server exited before it registered"));
+            }
             other => {
                 let why = match other {
                     Ok(Some(m)) => format!("client {pid} sent {} on its channel", protocol::hex(&m)),

@@ -106,6 +106,9 @@ pub struct State {
     launcher: Box<dyn ServerLauncher>,
     next_client: ClientId,
     events: Vec<String>,
+    /// Pids of clients whose server died under them: a CUDA client opens a second connection
+    /// for another descriptor, which must not make it a new client of the next server.
+    lost_clients: std::collections::BTreeSet<i32>,
 }
 
 impl State {
@@ -122,6 +125,7 @@ impl State {
             launcher,
             next_client: 1,
             events: Vec::new(),
+            lost_clients: std::collections::BTreeSet::new(),
         }
     }
 
@@ -309,6 +313,19 @@ impl State {
             .any(|s| s.clients.iter().any(|c| c.pid == pid))
     }
 
+    /// True once for a pid whose server died under it (then forgotten: a pid is reused).
+    pub fn take_lost_client(&mut self, pid: i32) -> bool {
+        self.reap();
+        self.lost_clients.remove(&pid)
+    }
+
+    /// Whether the client is still on a server: a client whose server died was disconnected
+    /// by the daemon, not by itself.
+    pub fn holds_client(&mut self, id: ClientId) -> bool {
+        self.reap();
+        self.servers.iter().any(|s| s.clients.iter().any(|c| c.id == id))
+    }
+
     /// The client's channel closed. Returns its pid when it was still listed.
     pub fn remove_client(&mut self, id: ClientId) -> Option<i32> {
         let mut pid = None;
@@ -434,6 +451,7 @@ impl State {
                 let server = self.servers.remove(i);
                 for c in &server.clients {
                     c.link.disconnect();
+                    self.lost_clients.insert(c.pid);
                 }
                 self.events.push(format!("Server {} exited", server.pid));
             } else {
