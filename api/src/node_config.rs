@@ -799,7 +799,8 @@ impl PublishedConfig {
 
     /// Parses a published config; refuses another version and a digest that does not match.
     pub fn from_json(text: &str) -> Result<Self, String> {
-        let published: PublishedConfig = serde_json::from_str(text).map_err(|e| e.to_string())?;
+        let published: PublishedConfig =
+            serde_json::from_str(text).map_err(|e| crate::message::printable(&e.to_string()).into_owned())?;
         if published.version != PUBLISHED_VERSION {
             return Err(format!(
                 "version {} (this build reads version {PUBLISHED_VERSION})",
@@ -994,6 +995,13 @@ mod tests {
                 .contains("version 9")
         );
         assert_eq!(c.published_path(), Path::new("/run/gpu-mps/node-config.json"));
+        // serde quotes an unknown policy as the file spells it.
+        let odd_policy = text.replace("\"uniform\"", "\"uni\\nform\"");
+        let e = PublishedConfig::from_json(&odd_policy).unwrap_err();
+        assert!(
+            e.contains("unknown variant `uni\\nform`") && !e.contains('\n'),
+            "{e}"
+        );
     }
 
     #[test]
