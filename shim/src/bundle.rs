@@ -2,7 +2,7 @@
 //! the daemon's pipe dir that runc bind-mounts.
 
 use std::fs;
-use std::io;
+use std::io::{self, Read};
 use std::path::{Path, PathBuf};
 
 use gpu_mps_api::files::{self, Durability, FileMode};
@@ -10,6 +10,10 @@ use gpu_mps_api::files::{self, Durability, FileMode};
 use thiserror::Error;
 
 pub const CONFIG_FILE: &str = "config.json";
+/// The largest config.json the shim reads. containerd writes tens of KiB (Kubernetes caps a
+/// pod's annotations at 256 KiB together); anything near this is not a spec a runtime wrote,
+/// and the shim, which parses it whole, must not take the node's memory for it.
+pub const MAX_CONFIG_BYTES: u64 = 16 << 20;
 /// Mode of each pipe dir component the shim creates: non-root clients must traverse it.
 pub const PIPE_DIR_MODE: u32 = 0o755;
 
@@ -17,6 +21,16 @@ pub const PIPE_DIR_MODE: u32 = 0o755;
 pub enum BundleError {
     #[error("cannot read {path}: {source}")]
     Read { path: PathBuf, source: io::Error },
+    #[error(
+        "{path} is larger than {}, the most gpu-mps-shim reads as a container spec (a config.json from containerd is tens of Ki: check what wrote it)",
+        gpu_mps_api::quantity::format_bytes(MAX_CONFIG_BYTES)
+    )]
+    TooLarge { path: PathBuf },
+    #[error("{path} is not UTF-8 text, which JSON and so a container spec must be: {error}")]
+    NotUtf8 {
+        path: PathBuf,
+        error: std::str::Utf8Error,
+    },
     #[error("cannot write {path}: {source}")]
     Write { path: PathBuf, source: io::Error },
     #[error("cannot create the MPS pipe dir {path}: {source}")]
@@ -29,7 +43,22 @@ pub fn config_path(bundle: &Path) -> PathBuf {
 
 pub fn read_config(bundle: &Path) -> Result<String, BundleError> {
     let path = config_path(bundle);
-    fs::read_to_string(&path).map_err(|source| BundleError::Read { path, source })
+    let read = |source| BundleError::Read {
+        path: path.clone(),
+        source,
+    };
+    let mut bytes = Vec::new();
+    // One byte past the cap tells a file at the cap from a larger one without reading the rest.
+    fs::File::open(&path)
+        .and_then(|file| file.take(MAX_CONFIG_BYTES + 1).read_to_end(&mut bytes))
+        .map_err(read)?;
+    if bytes.len() as u64 > MAX_CONFIG_BYTES {
+        return Err(BundleError::TooLarge { path });
+    }
+    String::from_utf8(bytes).map_err(|e| BundleError::NotUtf8 {
+        path,
+        error: e.utf8_error(),
+    })
 }
 
 /// Replaces config.json with `text`, keeping its mode and owner: runc never sees a partial file,
@@ -89,6 +118,36 @@ mod tests {
         let e = write_config_atomically(dir.path(), "{}").unwrap_err().to_string();
         assert!(e.contains("config.json"), "{e}");
         assert_eq!(fs::read_dir(dir.path()).unwrap().count(), 0);
+    }
+
+    #[test]
+    fn a_config_larger_than_the_cap_is_refused_in_one_line() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = config_path(dir.path());
+        // Sparse: no disk is used for the zeros.
+        let file = fs::File::create(&path).unwrap();
+        file.set_len(MAX_CONFIG_BYTES).unwrap();
+        assert_eq!(read_config(dir.path()).unwrap().len() as u64, MAX_CONFIG_BYTES);
+        file.set_len(MAX_CONFIG_BYTES + 1).unwrap();
+        let e = read_config(dir.path()).unwrap_err().to_string();
+        assert_eq!(
+            e,
+            format!(
+                "{} is larger than 16Mi, the most gpu-mps-shim reads as a container spec (a config.json from containerd is tens of Ki: check what wrote it)",
+                path.display()
+            )
+        );
+    }
+
+    #[test]
+    fn a_config_that_is_not_utf8_is_refused_in_one_line() {
+        let dir = tempfile::tempdir().unwrap();
+        fs::write(config_path(dir.path()), b"{\"a\":\"\xff\"}").unwrap();
+        let e = read_config(dir.path()).unwrap_err().to_string();
+        assert!(
+            e.contains("config.json") && e.contains("UTF-8") && !e.contains('\n'),
+            "{e}"
+        );
     }
 
     #[test]
