@@ -13,7 +13,7 @@ pub enum QuantityError {
     Malformed { value: String },
     #[error("{value:?} has unknown suffix {suffix:?}: allowed are Ki, Mi, Gi, Ti, Pi, k, M, G, T, P")]
     UnknownSuffix { value: String, suffix: String },
-    #[error("{value:?} is too large")]
+    #[error("{value:?} is too large: a quantity is at most {} bytes (2^64 - 1)", u64::MAX)]
     Overflow { value: String },
     #[error("{value:?} is not a whole number of bytes")]
     Fractional { value: String },
@@ -160,6 +160,11 @@ mod tests {
     fn error_names_the_value_and_what_is_allowed() {
         let msg = parse_bytes("4GB").unwrap_err().to_string();
         assert!(msg.contains("\"4GB\"") && msg.contains("Gi"), "{msg}");
+        let msg = parse_bytes("16384Pi").unwrap_err().to_string();
+        assert_eq!(
+            msg,
+            "\"16384Pi\" is too large: a quantity is at most 18446744073709551615 bytes (2^64 - 1)"
+        );
     }
 
     #[test]
