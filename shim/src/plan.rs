@@ -120,6 +120,7 @@ impl ParsedSpec {
             });
         };
         let identity = CriIdentity::from_annotations(&self.annotations);
+        identity.check_hook_args()?;
         let (maxima, maxima_scope) = config.maxima_for(&identity.namespace);
         let rules = NodeRules {
             default_limits: config.default_limits,

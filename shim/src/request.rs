@@ -83,6 +83,24 @@ impl CriIdentity {
             container_name: get(CRI_CONTAINER_NAME),
         }
     }
+
+    /// The names go into the createRuntime hook's arguments, which runc passes to exec as C
+    /// strings: a NUL byte would fail the hook with only "invalid argument", after the spec
+    /// was written.
+    pub fn check_hook_args(&self) -> Result<(), RequestError> {
+        let names = [
+            (CRI_SANDBOX_NAMESPACE, &self.namespace),
+            (CRI_SANDBOX_NAME, &self.pod),
+            (CRI_CONTAINER_NAME, &self.container_name),
+        ];
+        match names.into_iter().find(|(_, value)| value.contains('\0')) {
+            Some((key, value)) => Err(RequestError::NulInName {
+                key,
+                value: value.clone(),
+            }),
+            None => Ok(()),
+        }
+    }
 }
 
 /// Everything the rewrite needs to know about one GPU container.
@@ -107,6 +125,10 @@ pub struct ResolvedRequest {
 
 #[derive(Debug, Error, PartialEq, Eq)]
 pub enum RequestError {
+    #[error(
+        "annotation {key}={value:?} holds a NUL byte, which the arguments of gpu-mps-hook cannot carry: a Kubernetes name has none (fix what wrote the spec)"
+    )]
+    NulInName { key: &'static str, value: String },
     #[error("annotation {}={value:?}: {error} (set it on the pod)", printable(.key))]
     Invalid {
         key: String,
@@ -671,6 +693,29 @@ mod tests {
              (a Kubernetes quantity of at least 64Mi, e.g. 4Gi), or a node default \
              (limits.default_memory_limit in the gpu-mps node config)"
         );
+    }
+
+    #[test]
+    fn a_nul_byte_in_a_name_the_hook_gets_is_refused() {
+        let ok = annotations(&[
+            (CRI_SANDBOX_NAMESPACE, "équipe-α"),
+            (CRI_SANDBOX_NAME, &"p".repeat(4096)),
+            (CRI_CONTAINER_NAME, ""),
+        ]);
+        assert_eq!(CriIdentity::from_annotations(&ok).check_hook_args(), Ok(()));
+        for key in [CRI_SANDBOX_NAMESPACE, CRI_SANDBOX_NAME, CRI_CONTAINER_NAME] {
+            let a = annotations(&[(key, "in\0fer")]);
+            let e = CriIdentity::from_annotations(&a)
+                .check_hook_args()
+                .unwrap_err()
+                .to_string();
+            assert_eq!(
+                e,
+                format!(
+                    "annotation {key}=\"in\\0fer\" holds a NUL byte, which the arguments of gpu-mps-hook cannot carry: a Kubernetes name has none (fix what wrote the spec)"
+                )
+            );
+        }
     }
 
     #[test]
