@@ -6,7 +6,7 @@ use std::io;
 use std::path::{Path, PathBuf};
 
 use gpu_mps_api::NodeConfig;
-use gpu_mps_api::message::one_line;
+use gpu_mps_api::message::{one_line, printable};
 pub use gpu_mps_api::node_files::{
     ConfigOrigin, NodeFileError, load_config, load_effective_config, load_inventory,
 };
@@ -36,7 +36,10 @@ pub fn runc_path_from_toml(text: &str) -> Result<Option<PathBuf>, String> {
     match table.get("runc_path") {
         None => Ok(None),
         Some(toml::Value::String(s)) => Ok(Some(PathBuf::from(s))),
-        Some(other) => Err(format!("runc_path = {other}: expected a path string")),
+        Some(other) => Err(format!(
+            "runc_path = {}: expected a path string",
+            printable(&other.to_string())
+        )),
     }
 }
 
@@ -75,5 +78,11 @@ mod tests {
         // toml reports a duplicate table as two sentences on two lines.
         let e = runc_path_from_toml("[hook]\n[hook]\n").unwrap_err();
         assert!(e.contains("duplicate key") && !e.contains('\n'), "{e:?}");
+        // Found by fuzzing: a runc_path of another type is quoted, multi-line strings and all.
+        let e = runc_path_from_toml("runc_path = { a = \"\"\"\n/usr\nsbin\"\"\" }").unwrap_err();
+        assert!(
+            e.ends_with("expected a path string") && !e.contains('\n'),
+            "{e:?}"
+        );
     }
 }
