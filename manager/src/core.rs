@@ -106,6 +106,15 @@ pub fn now_unix() -> i64 {
         .unwrap_or(0)
 }
 
+/// How long a gate dir nobody serves may wait for its container's Acquire. The shim makes it
+/// before runc creates the container; the hook asks (and retries while a manager restarts) for
+/// at most its timeout, and then runc kills the container's init, so a later Acquire is refused
+/// on its process. Removing it sooner would leave a container that is still to get its lease
+/// with a mount of a deleted dir: its CUDA processes would find no control socket.
+fn unserved_gate_dir_age(config: &NodeConfig) -> std::time::Duration {
+    std::time::Duration::from_secs((2 * config.hook_timeout_seconds).max(20))
+}
+
 /// The node's bookkeeping, under one lock that is never held across an await.
 struct Books {
     state: State,

@@ -81,6 +81,20 @@ pub fn create_pipe_dir(path: &Path) -> Result<(), BundleError> {
     })
 }
 
+/// Removes `dir` when it is an empty gate dir that no gate serves (no socket in it). True if it
+/// was removed; false when it is served or absent. Never recursive: a dir with anything in it
+/// is not one this shim left.
+pub fn remove_unserved_gate_dir(dir: &Path) -> std::io::Result<bool> {
+    if dir.join(gpu_mps_api::node_config::GATE_SOCKET).exists() {
+        return Ok(false);
+    }
+    match fs::remove_dir(dir) {
+        Ok(()) => Ok(true),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(false),
+        Err(e) => Err(e),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use std::os::unix::fs::PermissionsExt;
@@ -176,5 +190,28 @@ mod tests {
             .unwrap_err()
             .to_string();
         assert!(e.contains("file/pipe"), "{e}");
+    }
+
+    #[test]
+    fn only_an_unserved_empty_gate_dir_is_removed() {
+        let root = tempfile::tempdir().unwrap();
+        let unserved = root.path().join("unserved");
+        fs::create_dir(&unserved).unwrap();
+        assert!(remove_unserved_gate_dir(&unserved).unwrap());
+        assert!(!unserved.exists());
+        assert!(
+            !remove_unserved_gate_dir(&unserved).unwrap(),
+            "absent: nothing to do"
+        );
+        let served = root.path().join("served");
+        fs::create_dir(&served).unwrap();
+        fs::write(served.join(gpu_mps_api::node_config::GATE_SOCKET), "").unwrap();
+        assert!(!remove_unserved_gate_dir(&served).unwrap());
+        assert!(served.is_dir(), "a served gate dir is the manager's");
+        let other = root.path().join("other");
+        fs::create_dir(&other).unwrap();
+        fs::write(other.join("x"), "").unwrap();
+        assert!(remove_unserved_gate_dir(&other).is_err(), "never recursive");
+        assert!(other.join("x").exists());
     }
 }

@@ -65,7 +65,12 @@ fn main() -> ExitCode {
                     Ok(runc) => runc,
                     Err(e) => return reporter.fail(e),
                 },
-                Subcommand::Other(_) => node_files::runc_path(&config_path),
+                Subcommand::Other(name) => {
+                    if name.as_deref() == Some("delete") {
+                        remove_unserved_gate_dir(&args, &config_path, &reporter);
+                    }
+                    node_files::runc_path(&config_path)
+                }
             };
             reporter.fail(exec_runc(&runc, &args, &config_path, note, &reporter))
         }
@@ -110,6 +115,36 @@ fn prepare_create(
         ));
     }
     Ok((config.runc_path, None))
+}
+
+/// A container whose create ended before its createRuntime hook got a lease (its runtime
+/// killed, runc failing, the hook refused) leaves the gate dir this shim made for it: no
+/// Acquire comes to serve it and no poststop hook to release it. On its `delete` (the last
+/// argument is the container id) a gate dir nobody serves goes; a served one is the manager's
+/// to remove at release. Anything unexpected leaves the dir: runc's delete must go on.
+fn remove_unserved_gate_dir(args: &[OsString], config_path: &Path, reporter: &Reporter) {
+    let Some(id) = args
+        .last()
+        .and_then(|a| a.to_str())
+        .and_then(|a| gpu_mps_api::ContainerId::parse(a).ok())
+    else {
+        return;
+    };
+    let Ok((config, _)) = node_files::load_effective_config(config_path) else {
+        return;
+    };
+    let dir = config.gate_dir(&id);
+    match bundle::remove_unserved_gate_dir(&dir) {
+        Ok(true) => reporter.debug(format_args!(
+            "delete {id}: removed its gate dir {}, which no lease served",
+            dir.display()
+        )),
+        Ok(false) => {}
+        Err(e) => reporter.debug(format_args!(
+            "delete {id}: its gate dir {} stays: {e}",
+            dir.display()
+        )),
+    }
 }
 
 /// Replaces this process with runc; returns only if that failed.

@@ -34,7 +34,12 @@ pub(super) fn reopen_gates(
         .filter_map(|id| ContainerId::parse(id).ok())
         .map(|id| id.gate_name())
         .collect();
-    gate::remove_stale_gate_dirs(&config.gates_root(), |name| kept.contains(name));
+    gate::remove_stale_gate_dirs(
+        &config.gates_root(),
+        super::unserved_gate_dir_age(config),
+        gate::StaleGateDirs::ServedOrOld,
+        |name| kept.contains(name),
+    );
     for lease in state.leases.values() {
         let Ok(id) = ContainerId::parse(&lease.container_id) else {
             continue;

@@ -27,6 +27,7 @@ impl ManagerCore {
             self.recover_stuck_server(&report, now).await;
         }
         self.drop_leases_of_gone_containers(&mut memory, now);
+        self.remove_orphaned_gate_dirs();
         self.restart_dead_daemons(now).await;
         self.note_faults(now);
         self.stop_idle_daemons(now).await;
@@ -162,6 +163,29 @@ impl ManagerCore {
         if changed {
             self.save_or_log(&books, "after dropping leases of gone containers");
         }
+    }
+
+    /// Gate dirs of containers whose create ended before their Acquire (the runtime killed
+    /// between the shim and runc, a failed hook): containerd 2.x removes such a container
+    /// without the runc `delete` on which gpu-mps-shim removes them itself.
+    fn remove_orphaned_gate_dirs(&self) {
+        let kept: std::collections::HashSet<String> = {
+            let books = self.books();
+            books
+                .state
+                .leases
+                .keys()
+                .chain(books.pending.keys())
+                .filter_map(|id| ContainerId::parse(id).ok())
+                .map(|id| id.gate_name())
+                .collect()
+        };
+        crate::gate::remove_stale_gate_dirs(
+            &self.config.gates_root(),
+            super::unserved_gate_dir_age(&self.config),
+            crate::gate::StaleGateDirs::OldUnserved,
+            |name| kept.contains(name),
+        );
     }
 
     /// A daemon that died: dropped when nothing uses it; started again, with the limits of its

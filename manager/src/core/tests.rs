@@ -1360,3 +1360,37 @@ async fn a_failed_restart_under_leases_is_retried() {
     assert_eq!(s.daemons[0].active_thread_percentage, 25);
     assert_eq!(s.gpus[0].unhealthy_reason, "");
 }
+
+/// A gate dir the shim made for a container whose create ended before its Acquire (containerd
+/// 2.x removes such a container without the runc `delete` on which the shim removes it): the
+/// running manager removes it once no Acquire can come for it any more, and keeps a fresh one
+/// and a served one.
+#[tokio::test]
+async fn an_unserved_gate_dir_is_removed_once_no_acquire_can_come_for_it() {
+    let e = env(LimitPolicy::Exact, Tenancy::Shared);
+    let m = core(&e).await;
+    m.acquire(request("c-served", "GPU-0", 4, 25, "ns"))
+        .await
+        .unwrap();
+    let gate = |id: &str| e.config.gate_dir(&ContainerId::parse(id).unwrap());
+    let (old, fresh) = (gate("c-killed-in-create"), gate("c-being-created"));
+    for dir in [&old, &fresh] {
+        std::fs::create_dir_all(dir).unwrap();
+    }
+    let age = unserved_gate_dir_age(&e.config) + std::time::Duration::from_secs(1);
+    let long_ago = std::time::SystemTime::now() - age;
+    std::fs::File::open(&old).unwrap().set_modified(long_ago).unwrap();
+    m.reconcile(now_unix()).await;
+    assert!(
+        !old.exists(),
+        "an unserved gate dir older than any create was kept"
+    );
+    assert!(
+        fresh.is_dir(),
+        "the gate dir of a container still being created was removed"
+    );
+    assert!(
+        gate("c-served").join("control").exists(),
+        "a served gate dir was touched"
+    );
+}

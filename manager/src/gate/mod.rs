@@ -376,17 +376,27 @@ impl Drop for Gates {
     }
 }
 
-/// How long a gate dir without a socket may wait for its Acquire: the shim makes it before runc
-/// creates the container, and the hook retries Acquire while a manager restarts. Far longer than
-/// a hook's timeout.
-const UNSERVED_GATE_DIR_AGE: Duration = Duration::from_secs(600);
+/// Which gate dirs of no lease [`remove_stale_gate_dirs`] removes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum StaleGateDirs {
+    /// At start: also the ones a previous manager served (nothing serves them now).
+    ServedOrOld,
+    /// While the manager runs: a served dir is its own gate's, removed at release; only
+    /// unserved ones older than the age go.
+    OldUnserved,
+}
 
 /// Removes gate dirs under `gates_root` whose container `keep` does not know: left behind by a
 /// manager that stopped before their containers' release. A dir without a socket is a container
 /// whose Acquire has not happened yet (it is mounted already: removing it would leave the
-/// container an empty dir forever), unless it is older than any create can take. Returns the
-/// names removed.
-pub fn remove_stale_gate_dirs(gates_root: &Path, keep: impl Fn(&str) -> bool) -> Vec<String> {
+/// container an empty dir forever), unless it is older than `unserved_age`, which any create
+/// takes less than. Returns the names removed.
+pub fn remove_stale_gate_dirs(
+    gates_root: &Path,
+    unserved_age: Duration,
+    which: StaleGateDirs,
+    keep: impl Fn(&str) -> bool,
+) -> Vec<String> {
     let Ok(entries) = std::fs::read_dir(gates_root) else {
         return Vec::new();
     };
@@ -399,8 +409,9 @@ pub fn remove_stale_gate_dirs(gates_root: &Path, keep: impl Fn(&str) -> bool) ->
             .and_then(|m| m.modified())
             .ok()
             .and_then(|t| t.elapsed().ok())
-            .is_some_and(|age| age > UNSERVED_GATE_DIR_AGE);
-        if !keep(&name) && (served_before || old) {
+            .is_some_and(|age| age > unserved_age);
+        let served_too = which == StaleGateDirs::ServedOrOld;
+        if !keep(&name) && ((served_too && served_before) || (!served_before && old)) {
             warn!(gate = %entry.path().display(), "gate dir of no lease removed");
             remove_gate_dir(&entry.path());
             removed.push(name);

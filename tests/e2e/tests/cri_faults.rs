@@ -18,6 +18,7 @@ per_suite!(
     containerd_restarts_under_a_running_container_and_new_creates_work,
     a_control_daemon_killed_under_a_container_is_replaced_and_its_lease_marked,
     a_server_killed_under_clients_gives_new_clients_their_limits_from_the_next_one,
+    a_container_killed_during_its_create_leaves_no_lease_gate_or_daemon,
 );
 
 const WAIT: Duration = Duration::from_secs(20);
@@ -408,5 +409,182 @@ async fn a_server_killed_under_clients_gives_new_clients_their_limits_from_the_n
     node.manager
         .wait_status("all released", WAIT, |s| s.leases.is_empty())
         .await?;
+    Ok(())
+}
+
+/// Where the stand-in runtime of fault 6 says it holds a create, and the file whose presence
+/// makes it hold.
+struct HeldCreate {
+    dir: std::path::PathBuf,
+}
+
+impl HeldCreate {
+    /// A low-level runtime for gpu-mps-shim's `runc_path`: `create` waits (with its pid in
+    /// `<dir>/held`) while `<dir>/hold` exists, then it execs the real runc, as
+    /// nvidia-container-runtime would.
+    fn install(dir: &std::path::Path, runc: &std::path::Path) -> Result<(HeldCreate, std::path::PathBuf)> {
+        let script = dir.join("held-runtime");
+        let text = format!(
+            "#!/bin/sh\n\
+             for a in \"$@\"; do\n\
+               if [ \"$a\" = create ] && [ -e '{d}/hold' ]; then\n\
+                 echo $$ > '{d}/held'\n\
+                 while [ -e '{d}/hold' ]; do sleep 0.05; done\n\
+               fi\n\
+             done\n\
+             exec '{runc}' \"$@\"\n",
+            d = dir.display(),
+            runc = runc.display()
+        );
+        std::fs::write(&script, text)?;
+        std::fs::set_permissions(&script, std::os::unix::fs::PermissionsExt::from_mode(0o755))?;
+        Ok((
+            HeldCreate {
+                dir: dir.to_path_buf(),
+            },
+            script,
+        ))
+    }
+
+    fn hold(&self) -> Result<()> {
+        let _ = std::fs::remove_file(self.dir.join("held"));
+        std::fs::write(self.dir.join("hold"), "")?;
+        Ok(())
+    }
+
+    fn release(&self) {
+        let _ = std::fs::remove_file(self.dir.join("hold"));
+    }
+
+    /// The pid of the create it holds, once it holds one.
+    async fn held_pid(&self) -> Result<u32> {
+        let deadline = std::time::Instant::now() + WAIT;
+        loop {
+            if let Some(pid) = std::fs::read_to_string(self.dir.join("held"))
+                .ok()
+                .and_then(|t| t.trim().parse().ok())
+            {
+                return Ok(pid);
+            }
+            ensure!(std::time::Instant::now() < deadline, "no create was held");
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
+}
+
+/// Fault 6: a container is killed during its create, once between gpu-mps-shim's rewrite and
+/// runc's start (the low-level runtime the shim execs is SIGKILLed), once during its
+/// createRuntime hook (the hook is SIGKILLed while it waits for a paused manager). Each create
+/// fails; afterwards nothing of it is left: no lease, no gate dir, and the daemon stops once
+/// idle. The same pod then starts a container normally.
+async fn a_container_killed_during_its_create_leaves_no_lease_gate_or_daemon(suite: Suite) -> Result<()> {
+    let mut node = GpuNode::start(&suite, LimitsConfig::exact()).await?;
+    let (held, runtime) = HeldCreate::install(node.manager.dir(), &suite.runc)?;
+    let config = node
+        .manager
+        .write_config(&LimitsConfig::exact(), &node.bins, &runtime)?;
+    node.manager.set_config(config);
+    node.manager.restart().await?;
+    let mut cri = node.cri().await?;
+    let gpu = node.gpu_uuid(0).to_string();
+    let pod = cri
+        .run_pod_sandbox(&PodSpec::new("killed-in-create", "default", GPU_MPS_HANDLER).gpu_limits("2Gi", 25))
+        .await?;
+    let before = node.manager.gate_dir_names();
+    let spec = |name: &str| mps_client(name, &gpu);
+
+    // Between the shim's rewrite and runc.
+    held.hold()?;
+    // CRI's CreateContainer only records the container: runc create runs in StartContainer.
+    let before_runc = cri.create_container(&pod, &spec("before-runc")).await?;
+    let create = cri.start_container(&before_runc);
+    let kill = async {
+        let pid = held.held_pid().await?;
+        gpu_mps_e2e::processes::kill_hard(pid);
+        held.release();
+        Ok::<u32, anyhow::Error>(pid)
+    };
+    let (created, killed) = tokio::join!(create, kill);
+    let killed = killed?;
+    ensure!(
+        created.is_err(),
+        "the create whose runtime was killed succeeded: {created:?}"
+    );
+    // What kubelet does with a container that failed to start.
+    cri.delete_container(&before_runc).await?;
+    // containerd 1.6 and 1.7 run gpu-mps-shim's `delete` for it, which removes the gate dir at
+    // once; 2.x does not, and the manager removes an unserved gate dir once no Acquire can come
+    // for it any more (twice the hook's timeout).
+    let hook_timeout = Duration::from_secs(node.manager.config().hook_timeout_seconds);
+    let manager = &node.manager;
+    manager
+        .wait_status(
+            "nothing left of a create killed before runc",
+            2 * hook_timeout + WAIT,
+            |s| s.leases.is_empty() && manager.gate_dir_names() == before,
+        )
+        .await
+        .with_context(|| format!("gate dirs now {:?}, before {before:?}", manager.gate_dir_names()))?;
+    println!(
+        "{}: runtime {killed} SIGKILLed between the shim's rewrite and runc: create failed, nothing left",
+        suite.containerd_version
+    );
+
+    // During the createRuntime hook (the manager paused, so the hook waits for its answer).
+    node.manager.pause();
+    let in_hook = cri.create_container(&pod, &spec("in-hook")).await?;
+    let create = cri.start_container(&in_hook);
+    let kill = async {
+        let deadline = std::time::Instant::now() + WAIT;
+        loop {
+            let hooks = gpu_mps_e2e::processes::with_argument(
+                b"gpu-mps-hook",
+                gpu_mps_api::hook_invocation::STAGE_CREATE_RUNTIME.as_bytes(),
+            );
+            if let Some(pid) = hooks.first() {
+                tokio::time::sleep(Duration::from_millis(200)).await;
+                gpu_mps_e2e::processes::kill_hard(*pid);
+                return Ok::<u32, anyhow::Error>(*pid);
+            }
+            ensure!(std::time::Instant::now() < deadline, "no hook ran");
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    };
+    let (created, killed) = tokio::join!(create, kill);
+    node.manager.resume();
+    let killed = killed?;
+    ensure!(
+        created.is_err(),
+        "the create whose hook was killed succeeded: {created:?}"
+    );
+    let manager = &node.manager;
+    manager
+        .wait_status("nothing left of a create killed in its hook", WAIT, |s| {
+            s.leases.is_empty() && manager.gate_dir_names() == before
+        })
+        .await
+        .with_context(|| format!("gate dirs now {:?}, before {before:?}", manager.gate_dir_names()))?;
+    println!(
+        "{}: hook {killed} SIGKILLed while it waited for the manager: create failed, nothing left",
+        suite.containerd_version
+    );
+
+    let container = cri.create_container(&pod, &spec("after")).await?;
+    cri.start_container(&container).await?;
+    let client = MpsClient::parse(&cri.first_stdout_line(&container, WAIT).await?)?;
+    ensure!(client.admitted, "the next container: {client}");
+    cri.delete_container(&container).await?;
+    cri.delete_pod(&pod).await?;
+    let grace = Duration::from_secs(IDLE_GRACE_SECONDS);
+    node.manager
+        .wait_status("no lease and no daemon at the end", grace + WAIT, |s| {
+            s.leases.is_empty() && s.daemons.is_empty()
+        })
+        .await?;
+    ensure!(
+        node.manager.gate_dir_names() == before,
+        "gate dirs left: {:?}",
+        node.manager.gate_dir_names()
+    );
     Ok(())
 }
