@@ -38,7 +38,8 @@ write_config exact
 start_manager faults || exit 1
 
 log "F2: the control daemon is SIGKILLed under a running CUDA process"
-run_ctr f2-running gpu-mps 4Gi 25 -- "$BENCH" busy --seconds 12 --tag f2-running &
+# The container outlives its CUDA process (which MPS ends with its daemon): its lease stays.
+run_ctr f2-running gpu-mps 4Gi 25 -- /bin/sh -c "$BENCH busy --seconds 12 --tag f2-running; sleep 8" &
 RUNNING=$!
 for _ in $(seq 100); do [ -n "$(server_pid)" ] && break; sleep 0.1; done
 sleep 2
@@ -114,9 +115,9 @@ pod f7h-after-2 2Gi 12 1300 2700
 check F7.handshake.after "afterwards 6Gi/25 % and 2Gi/12 % pods are each held to their own limits" \
     "6Gi: $(f "$(last_json "$D/f7h-after-6.out")"); 2Gi: $(f "$(last_json "$D/f7h-after-2.out")")" \
     'held f7h-after-6 25 && held f7h-after-2 12'
-grep -c 'server limits set and read back' "$D/manager-faults.log" | xargs -I{} row F.sets INFO "limit settings by the daemon's owner in this run" "{}"
+row F.sets INFO "limit settings by the daemon's owner in this run" "$(grep -c 'server limits set and read back' "$D/manager-faults.log")"
 
 log "summary"
-column -t -s $'\t' "$RESULTS" | cut -c1-250
+cut -c1-250 "$RESULTS"
 grep -q $'\tFAIL\t' "$RESULTS" && exit 1
 exit 0
