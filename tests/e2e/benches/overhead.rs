@@ -11,6 +11,11 @@
 //! 2. The shim's own time per create: the in-process rewrite, and the shim binary from exec to
 //!    exec'ing runc (runc_path = /bin/true) against exec'ing /bin/true directly.
 //!
+//! 3. Concurrent creates through the CRI API (what kubelet sends when a node fills): 32
+//!    containers created and started at once in 2 pods, plain runc (`runc` handler) and gpu-mps
+//!    (`gpu-mps` handler with a GPU, policy exact, 4 limit classes) alternating round by round;
+//!    per-container create+start latency p50/p99 and their ratios to runc.
+//!
 //! On this machine the MPS daemon is the test double (fake-mps-control): the numbers are the
 //! containerd/runc/gpu-mps software path, not GPU work. tests/gpu/run.sh (E7) repeats part 1 on
 //! the GPU machine with the real daemon.
@@ -186,6 +191,82 @@ fn shim_time_per_create(shim: &Path) -> Result<()> {
     Ok(())
 }
 
+const CONCURRENT: usize = 32;
+const CONCURRENT_ROUNDS: usize = 6;
+
+/// Part 3: create+start latency of `CONCURRENT` containers at once, runc against gpu-mps.
+async fn concurrent_create_latency(suite: &suites::Suite) -> Result<()> {
+    use gpu_mps_e2e::containerd::{GPU_MPS_HANDLER, RUNC_HANDLER};
+    use gpu_mps_e2e::image::TEST_IMAGE;
+    use gpu_mps_e2e::{ContainerSpec, PodSpec};
+    const CLASSES: [(&str, u8); 4] = [("256Mi", 10), ("384Mi", 20), ("512Mi", 30), ("256Mi", 50)];
+    let node = GpuNode::start(suite, LimitsConfig::exact()).await?;
+    let mut cri = node.cri().await?;
+    let gpu = node.gpu_uuid(0).to_string();
+    let runc_pod = cri
+        .run_pod_sandbox(&PodSpec::new("bench-runc", "default", RUNC_HANDLER))
+        .await?;
+    let mut gpu_pods = Vec::new();
+    for (c, (memory, threads)) in CLASSES.iter().enumerate() {
+        let spec =
+            PodSpec::new(&format!("bench-gpu-{c}"), "default", GPU_MPS_HANDLER).gpu_limits(memory, *threads);
+        gpu_pods.push(cri.run_pod_sandbox(&spec).await?);
+    }
+    let mut latencies: [Vec<Duration>; 2] = [Vec::new(), Vec::new()];
+    for round in 0..CONCURRENT_ROUNDS {
+        for (variant, with_gpu) in [(0, false), (1, true)] {
+            let creates = (0..CONCURRENT).map(|i| {
+                let (node, gpu, runc_pod, gpu_pods) = (&node, &gpu, &runc_pod, &gpu_pods);
+                async move {
+                    let mut cri = node.containerd.cri().await?;
+                    let mut spec = ContainerSpec::new(&format!("r{round}-v{variant}-c{i}"), TEST_IMAGE)
+                        .command(&["/checker"])
+                        .args(&["pause"]);
+                    let pod = if with_gpu {
+                        spec = spec.gpu(gpu);
+                        &gpu_pods[i % gpu_pods.len()]
+                    } else {
+                        runc_pod
+                    };
+                    let t = Instant::now();
+                    let container = cri.create_container(pod, &spec).await?;
+                    cri.start_container(&container).await?;
+                    Ok::<_, anyhow::Error>((container, t.elapsed()))
+                }
+            });
+            let created = gpu_mps_e2e::concurrent::all_ok(creates).await?;
+            for (container, elapsed) in created {
+                latencies[variant].push(elapsed);
+                cri.delete_container(&container).await?;
+            }
+        }
+    }
+    let pick = |xs: &mut Vec<Duration>, p: f64| {
+        xs.sort();
+        xs[((xs.len() as f64 - 1.0) * p).round() as usize]
+    };
+    let [mut runc, mut gpu_mps] = latencies;
+    let n = runc.len();
+    let (r50, r99) = (pick(&mut runc, 0.5), pick(&mut runc, 0.99));
+    let (g50, g99) = (pick(&mut gpu_mps, 0.5), pick(&mut gpu_mps, 0.99));
+    println!(
+        "\n### {CONCURRENT} concurrent CRI creates+starts, {CONCURRENT_ROUNDS} alternating rounds ({n} containers each)\n{suite}"
+    );
+    println!("| variant | p50 | p99 |\n|---|---|---|");
+    println!("| runc | {:.0} ms | {:.0} ms |", ms(r50), ms(r99));
+    println!(
+        "| gpu-mps (GPU, exact, 4 classes) | {:.0} ms | {:.0} ms |",
+        ms(g50),
+        ms(g99)
+    );
+    println!(
+        "| ratio gpu-mps / runc | {:.3} | {:.3} |",
+        ms(g50) / ms(r50),
+        ms(g99) / ms(r99)
+    );
+    Ok(())
+}
+
 fn main() -> Result<()> {
     // `cargo bench` passes --bench; plain filters are not supported by this harness.
     let runtime = tokio::runtime::Builder::new_current_thread()
@@ -201,6 +282,7 @@ fn main() -> Result<()> {
     );
     for suite in suites {
         runtime.block_on(ctr_run_overhead(suite))?;
+        runtime.block_on(concurrent_create_latency(suite))?;
         shim.get_or_insert_with(|| gpu_mps_e2e::binaries::Binaries::locate().map(|b| b.shim));
     }
     let shim = shim.context("no containerd suite fetched: run tests/support/fetch-containerd.sh")??;
