@@ -12,6 +12,7 @@ use gpu_mps_api::client::ManagerConnection;
 use gpu_mps_api::node_config::{self, NodeConfig};
 use gpu_mps_api::status_view::StatusView;
 use gpu_mps_cli::containerd_registration as reg;
+use gpu_mps_cli::doctor;
 use gpu_mps_cli::explain::explain_rewrite;
 use gpu_mps_shim::node_files::load_inventory;
 
@@ -73,6 +74,56 @@ fn register(r: &RegistrationArgs, remove: bool) -> anyhow::Result<()> {
     Ok(())
 }
 
+#[derive(Debug, clap::Args)]
+struct DoctorArgs {
+    /// containerd's main config file (its effective config is read with `containerd config dump`).
+    #[arg(long = "containerd-config", default_value = reg::MAIN_CONFIG)]
+    main_config: PathBuf,
+    /// The drop-in install-containerd writes on containerd 2.x.
+    #[arg(long, default_value = reg::DROP_IN)]
+    drop_in: PathBuf,
+    /// The gpu-mps-shim binary the runtime entry must name as BinaryName.
+    #[arg(long, default_value = reg::SHIM_PATH)]
+    shim: PathBuf,
+    /// The containerd binary; default: found on PATH.
+    #[arg(long)]
+    containerd: Option<PathBuf>,
+    /// Directories holding CDI specs, comma-separated.
+    #[arg(
+        long = "cdi-dir",
+        value_delimiter = ',',
+        default_value = "/etc/cdi,/var/run/cdi"
+    )]
+    cdi_dirs: Vec<PathBuf>,
+    /// The checks as JSON: {"ok": bool, "checks": [{"check", "status", "found", "fix"}]}.
+    #[arg(long)]
+    json: bool,
+}
+
+/// Runs every check; the exit status is 1 when one of them fails.
+fn doctor(args: &Args, d: &DoctorArgs) -> anyhow::Result<ExitCode> {
+    let facts = doctor::gather(&doctor::DoctorOptions {
+        config: args.config.clone(),
+        socket: args.socket.clone(),
+        containerd_config: d.main_config.clone(),
+        drop_in: d.drop_in.clone(),
+        shim: d.shim.clone(),
+        containerd: d.containerd.clone(),
+        cdi_dirs: d.cdi_dirs.clone(),
+    });
+    let report = doctor::diagnose(&facts);
+    if d.json {
+        println!("{}", serde_json::to_string_pretty(&report.json())?);
+    } else {
+        print!("{}", report.text());
+    }
+    Ok(if report.failed() {
+        ExitCode::FAILURE
+    } else {
+        ExitCode::SUCCESS
+    })
+}
+
 fn explain(bundle: &Path, config: &NodeConfig, inventory_path: &Path) -> anyhow::Result<String> {
     let spec_path = bundle.join("config.json");
     let spec =
@@ -103,7 +154,8 @@ fn explain(bundle: &Path, config: &NodeConfig, inventory_path: &Path) -> anyhow:
 }
 
 /// gpu-mps: inspect a gpu-mps node. `status` shows GPUs, MPS daemons and leases as the
-/// manager sees them; `explain` shows how gpu-mps-shim would rewrite a container's bundle.
+/// manager sees them; `explain` shows how gpu-mps-shim would rewrite a container's bundle;
+/// `doctor` checks what the node needs.
 #[derive(Debug, Parser)]
 #[command(name = "gpu-mps", version, about, long_about)]
 struct Args {
@@ -146,6 +198,18 @@ enum Command {
         #[command(flatten)]
         registration: RegistrationArgs,
     },
+    /// Check the node: containerd registration, runc and the NVIDIA toolkit, CDI specs, compute
+    /// mode, NVML, the manager and its config, its descriptors, the MPS binaries. One line per
+    /// check (PASS, WARN, FAIL or SKIP) with the fix for each failure; exit status 1 when a check
+    /// fails. Run it as root on the node.
+    #[command(after_help = "Examples:
+  sudo gpu-mps doctor
+  sudo gpu-mps doctor --json | jq -r '.checks[] | select(.status == \"FAIL\") | .fix'
+  gpu-mps doctor --config /etc/gpu-mps/config.toml --containerd-config /etc/containerd/config.toml")]
+    Doctor {
+        #[command(flatten)]
+        doctor: DoctorArgs,
+    },
     /// Show, as a diff, how gpu-mps-shim would rewrite a bundle's config.json (nothing is written).
     Explain {
         /// The bundle directory (the one holding config.json), e.g.
@@ -163,17 +227,23 @@ fn status(args: &Args, config: &NodeConfig) -> anyhow::Result<StatusView> {
     Ok(StatusView::from(&conn.status()?))
 }
 
-fn run(args: Args) -> anyhow::Result<()> {
+fn run(args: Args) -> anyhow::Result<ExitCode> {
     match &args.command {
-        Command::InstallContainerd { registration } => return register(registration, false),
-        Command::UninstallContainerd { registration } => return register(registration, true),
+        Command::InstallContainerd { registration } => {
+            return register(registration, false).map(|()| ExitCode::SUCCESS);
+        }
+        Command::UninstallContainerd { registration } => {
+            return register(registration, true).map(|()| ExitCode::SUCCESS);
+        }
+        // Before the config is loaded: an invalid config is one of its findings.
+        Command::Doctor { doctor: d } => return doctor(&args, d),
         _ => {}
     }
     let config = NodeConfig::load(&args.config)?;
     if let Command::Explain { bundle, inventory } = &args.command {
         let inventory_path = inventory.clone().unwrap_or_else(|| config.inventory_path());
         print!("{}", explain(bundle, &config, &inventory_path)?);
-        return Ok(());
+        return Ok(ExitCode::SUCCESS);
     }
     match &args.command {
         Command::Status { json } => {
@@ -200,16 +270,19 @@ fn run(args: Args) -> anyhow::Result<()> {
                 print!("{}", view.leases_table());
             }
         }
-        Command::Explain { .. } | Command::InstallContainerd { .. } | Command::UninstallContainerd { .. } => {
+        Command::Explain { .. }
+        | Command::InstallContainerd { .. }
+        | Command::UninstallContainerd { .. }
+        | Command::Doctor { .. } => {
             unreachable!("handled above")
         }
     }
-    Ok(())
+    Ok(ExitCode::SUCCESS)
 }
 
 fn main() -> ExitCode {
     match run(Args::parse()) {
-        Ok(()) => ExitCode::SUCCESS,
+        Ok(code) => code,
         Err(e) => {
             eprintln!("gpu-mps: {e:#}");
             ExitCode::FAILURE

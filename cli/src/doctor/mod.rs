@@ -11,6 +11,7 @@
 mod cdi;
 mod compute_mode;
 mod descriptors;
+mod gather;
 mod manager;
 mod mps_binaries;
 mod node_config;
@@ -34,6 +35,7 @@ use crate::containerd_registration::RegistrationError;
 pub use cdi::{CdiFacts, CdiSpec, GPU_CDI_KIND, parse_cdi_spec};
 pub use compute_mode::{GpuFacts, GpuSeen, GpuSource, parse_nvidia_smi};
 pub use descriptors::{DescriptorFacts, ProcessDescriptors, parse_open_files_limit};
+pub use gather::{DoctorOptions, gather};
 pub use manager::{ManagerAnswer, ManagerFacts};
 pub use mps_binaries::MpsFacts;
 pub use node_config::{ConfigFacts, ConfigState};
