@@ -256,6 +256,11 @@ impl Manager {
         self.signal(nix::sys::signal::Signal::SIGSTOP);
     }
 
+    /// The manager process's pid, while it runs.
+    pub fn pid(&self) -> Option<u32> {
+        self.child.as_ref().map(Child::id)
+    }
+
     /// SIGCONT after [`Manager::pause`].
     pub fn resume(&self) {
         self.signal(nix::sys::signal::Signal::SIGCONT);
