@@ -203,20 +203,26 @@ async fn concurrent_create_latency(suite: &suites::Suite) -> Result<()> {
     let node = GpuNode::start(suite, LimitsConfig::exact()).await?;
     let mut cri = node.cri().await?;
     let gpu = node.gpu_uuid(0).to_string();
-    let runc_pod = cri
-        .run_pod_sandbox(&PodSpec::new("bench-runc", "default", RUNC_HANDLER))
-        .await?;
-    let mut gpu_pods = Vec::new();
+    // As many pods for each: containerd orders some work per sandbox.
+    let (mut runc_pods, mut gpu_pods) = (Vec::new(), Vec::new());
     for (c, (memory, threads)) in CLASSES.iter().enumerate() {
+        let spec = PodSpec::new(&format!("bench-runc-{c}"), "default", RUNC_HANDLER);
+        runc_pods.push(cri.run_pod_sandbox(&spec).await?);
         let spec =
             PodSpec::new(&format!("bench-gpu-{c}"), "default", GPU_MPS_HANDLER).gpu_limits(memory, *threads);
         gpu_pods.push(cri.run_pod_sandbox(&spec).await?);
     }
     let mut latencies: [Vec<Duration>; 2] = [Vec::new(), Vec::new()];
     for round in 0..CONCURRENT_ROUNDS {
-        for (variant, with_gpu) in [(0, false), (1, true)] {
+        // Which goes first alternates: a round's deletes can linger into the next creates.
+        let order = if round % 2 == 0 {
+            [(0, false), (1, true)]
+        } else {
+            [(1, true), (0, false)]
+        };
+        for (variant, with_gpu) in order {
             let creates = (0..CONCURRENT).map(|i| {
-                let (node, gpu, runc_pod, gpu_pods) = (&node, &gpu, &runc_pod, &gpu_pods);
+                let (node, gpu, runc_pods, gpu_pods) = (&node, &gpu, &runc_pods, &gpu_pods);
                 async move {
                     let mut cri = node.containerd.cri().await?;
                     let mut spec = ContainerSpec::new(&format!("r{round}-v{variant}-c{i}"), TEST_IMAGE)
@@ -226,7 +232,7 @@ async fn concurrent_create_latency(suite: &suites::Suite) -> Result<()> {
                         spec = spec.gpu(gpu);
                         &gpu_pods[i % gpu_pods.len()]
                     } else {
-                        runc_pod
+                        &runc_pods[i % runc_pods.len()]
                     };
                     let t = Instant::now();
                     let container = cri.create_container(pod, &spec).await?;
