@@ -5,7 +5,8 @@
 #   FUZZ_SECONDS=300 bash tests/fuzz-smoke.sh     # a longer run
 #   FUZZ_SANITIZER=address bash tests/fuzz-smoke.sh
 # Needs only the stable toolchain: cargo-fuzz comes from crates.io (installed into ~/.cargo/bin
-# when missing) and the nightly-only flags it passes to rustc are allowed by RUSTC_BOOTSTRAP=1.
+# when missing). Without a sanitizer it passes rustc no nightly-only flag; with one it passes
+# -Zsanitizer, which stable rustc refuses unless RUSTC_BOOTSTRAP=1 (measured on 1.95.0).
 # New inputs the run finds go to a temporary directory, never into the committed corpus; a crash
 # is written to fuzz/artifacts/<target>/ and the command to reproduce it is printed.
 set -euo pipefail
@@ -16,7 +17,7 @@ export PATH="$HOME/.cargo/bin:$PATH"
 seconds=${FUZZ_SECONDS:-10}
 sanitizer=${FUZZ_SANITIZER:-none}
 cargo_fuzz_version=0.13.2
-export RUSTC_BOOTSTRAP=1
+[ "$sanitizer" = none ] || export RUSTC_BOOTSTRAP=1
 # A nightly toolchain that happens to be installed must not be what makes this pass.
 command -v rustup >/dev/null && export RUSTUP_TOOLCHAIN=${FUZZ_TOOLCHAIN:-stable}
 
