@@ -3,7 +3,8 @@
 #   bash tests/run.sh
 # Installs its prerequisites, fetches containerd 1.6 / 1.7 / 2.x + runc from Debian into a private
 # cache, checks format and lints, builds, then runs the unit tests, the shim/manager/hook
-# integration tests and the end-to-end suites on real containerd through ctr and the CRI API.
+# integration tests and the end-to-end suites on real containerd through ctr and the CRI API,
+# then a bounded run of every fuzz target.
 # Needs root (containerd, runc and mounts). The GPU suite is tests/gpu/run.sh, on a GPU machine.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -20,5 +21,6 @@ step "clippy";  cargo clippy --workspace --all-targets --locked -- -D warnings
 step "build";   cargo build --workspace --bins --locked
 RUSTFLAGS='-C target-feature=+crt-static' cargo build -p gpu-mps-checker --target x86_64-unknown-linux-gnu --locked
 step "tests";   cargo test --workspace --locked -- --nocapture 2>&1 | tee target/test-output.log
+step "fuzz smoke"; bash tests/fuzz-smoke.sh   # every cargo-fuzz target 10 s from its corpus (docs/fuzz-results.md)
 step "versions tested"
 grep -hoE 'suite [a-z]+: containerd [^,]+, runc [^ |]+' target/test-output.log | sort -u || true
