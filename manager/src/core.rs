@@ -145,6 +145,15 @@ impl Books {
         }
     }
 
+    /// A daemon of `key` failed to start (or to take its limits) at `now`: its GPUs report
+    /// unhealthy for a while, with `error` as the reason.
+    fn note_start_failure(&mut self, key: &DaemonKey, now: i64, error: &ManagerError) {
+        self.start_failures.insert(
+            key.clone(),
+            (now, gpu_mps_api::message::one_line(&error.to_string())),
+        );
+    }
+
     fn save(&self, path: &Path) -> Result<(), StateError> {
         self.state.save(path)
     }

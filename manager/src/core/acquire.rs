@@ -1,7 +1,6 @@
 //! Acquire: admission in the books, the daemon made ready in its turn, the gate opened, the
 //! lease recorded. Two Acquires on different daemons never wait for each other.
 
-use gpu_mps_api::message::one_line;
 use gpu_mps_api::{ContainerId, DaemonKey, Limits, proto};
 use tracing::{error, info, warn};
 
@@ -190,7 +189,7 @@ impl ManagerCore {
             books.mark_idle_if_unused(&lease.key);
             let error = match failed {
                 NotReady::Daemon(e) => {
-                    note_start_failure(&mut books, &lease.key, &e);
+                    books.note_start_failure(&lease.key, now_unix(), &e);
                     e
                 }
                 NotReady::Gate(e) => e,
@@ -268,12 +267,6 @@ enum NotReady {
     /// Its daemon could not be started or given its limits: the GPU reports unhealthy.
     Daemon(ManagerError),
     Gate(ManagerError),
-}
-
-fn note_start_failure(books: &mut Books, key: &DaemonKey, error: &ManagerError) {
-    books
-        .start_failures
-        .insert(key.clone(), (now_unix(), one_line(&error.to_string())));
 }
 
 /// Checks what the hook sent and turns it into an admission request.

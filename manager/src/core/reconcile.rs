@@ -274,9 +274,7 @@ impl ManagerCore {
                 }
                 Err(e) => {
                     error!(daemon = %key, error = %e, "restarting the MPS control daemon failed; retrying on the next tick");
-                    self.books()
-                        .start_failures
-                        .insert(key.clone(), (now, gpu_mps_api::message::one_line(&e.to_string())));
+                    self.books().note_start_failure(&key, now, &e);
                 }
             }
         }
