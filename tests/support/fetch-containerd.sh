@@ -18,26 +18,13 @@ keyring=/usr/share/keyrings/debian-archive-keyring.gpg
 
 die() { echo "fetch-containerd: $*" >&2; exit 1; }
 
-# The first Debian archive URI of the machine's apt sources (deb822 or one-line format).
-debian_mirror() {
-    local uri=""
-    if compgen -G "/etc/apt/sources.list.d/*.sources" >/dev/null; then
-        uri=$(awk '/^URIs:/ { for (i = 2; i <= NF; i++) print $i }' /etc/apt/sources.list.d/*.sources |
-            grep -v -- '-security' | grep '/debian/\?$' | head -n1 || true)
-    fi
-    if [ -z "$uri" ] && [ -f /etc/apt/sources.list ]; then
-        uri=$(awk '$1 == "deb" { for (i = 2; i <= NF; i++) if ($i ~ /^(https?|file):/) { print $i; break } }' \
-            /etc/apt/sources.list | grep -v -- '-security' | head -n1 || true)
-    fi
-    [ -n "$uri" ] || die "no Debian archive URI found in /etc/apt/sources.list{,.d}; set one up first"
-    echo "${uri%/}"
-}
+. "$(dirname "$0")/debian-mirror.sh"
 
 command -v apt-get >/dev/null || die "apt-get not found: this script needs a Debian machine"
 command -v dpkg-deb >/dev/null || die "dpkg-deb not found"
 [ -r "$keyring" ] || die "$keyring missing: install debian-archive-keyring"
 
-mirror=$(debian_mirror)
+mirror=$(debian_mirror) || die "no Debian archive URI in the apt sources"
 mkdir -p "$cache/containerd"
 
 for suite in $suites; do

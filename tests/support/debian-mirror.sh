@@ -1,0 +1,20 @@
+# Sourced, not run: defines debian_mirror, which prints the first Debian archive URI of this
+# machine's own apt sources (deb822 or one-line format), without a trailing slash.
+# A node behind a proxy or a local mirror so uses that mirror; no host name is written here.
+#   . tests/support/debian-mirror.sh; mirror=$(debian_mirror)
+debian_mirror() {
+    local uri=""
+    if compgen -G "/etc/apt/sources.list.d/*.sources" >/dev/null; then
+        uri=$(awk '/^URIs:/ { for (i = 2; i <= NF; i++) print $i }' /etc/apt/sources.list.d/*.sources |
+            grep -v -- '-security' | grep '/debian/\?$' | head -n1 || true)
+    fi
+    if [ -z "$uri" ] && [ -f /etc/apt/sources.list ]; then
+        uri=$(awk '$1 == "deb" { for (i = 2; i <= NF; i++) if ($i ~ /^(https?|file):/) { print $i; break } }' \
+            /etc/apt/sources.list | grep -v -- '-security' | head -n1 || true)
+    fi
+    if [ -z "$uri" ]; then
+        echo "debian_mirror: no Debian archive URI found in /etc/apt/sources.list{,.d}; set one up first" >&2
+        return 1
+    fi
+    echo "${uri%/}"
+}
