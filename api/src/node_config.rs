@@ -624,6 +624,12 @@ impl NodeConfig {
         self.root.join("state.json")
     }
 
+    /// One file per recorded lease, beside the state file: what the leases are rebuilt from
+    /// when the state file cannot be used.
+    pub fn lease_files_dir(&self) -> PathBuf {
+        self.root.join("leases")
+    }
+
     pub fn daemon_dir(&self, key: &crate::DaemonKey) -> PathBuf {
         self.root.join("daemons").join(key.dir_name())
     }

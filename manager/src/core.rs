@@ -42,6 +42,7 @@ use crate::gate::daemon_admission::WedgeReport;
 use crate::gate::{GateBounds, GateError, GateTarget, GateTimings, Gates, ListenerStore};
 use crate::gpu_backend::{GpuBackend, GpuBackendError};
 use crate::lease::LeaseRecord;
+use crate::lease_files::LeaseFiles;
 use crate::mps_control::{ControlError, MpsControl};
 use crate::state::{State, StateError};
 
@@ -63,6 +64,11 @@ pub enum ManagerError {
     #[error("{0}")]
     State(#[from] StateError),
     #[error("{0}")]
+    LeaseFiles(#[from] crate::lease_files::LeaseFilesError),
+    /// A lease that could not be written down (a full disk): refused, not run unrecorded.
+    #[error("{0}")]
+    Unrecorded(String),
+    #[error("{0}")]
     Gpu(#[from] GpuBackendError),
     #[error("{0}")]
     ComputeMode(#[from] compute_mode::EnforceError),
@@ -80,6 +86,7 @@ impl ManagerError {
             ManagerError::Refused(r) => r.code(),
             ManagerError::InvalidRequest(_) => ttrpc::Code::INVALID_ARGUMENT,
             ManagerError::ConfigChanged(_) => ttrpc::Code::FAILED_PRECONDITION,
+            ManagerError::Unrecorded(_) => ttrpc::Code::RESOURCE_EXHAUSTED,
             ManagerError::Control(_) | ManagerError::Limits(_) | ManagerError::InProgress(_) => {
                 ttrpc::Code::UNAVAILABLE
             }
@@ -91,6 +98,32 @@ impl ManagerError {
 fn io_err(context: impl Into<String>) -> impl FnOnce(std::io::Error) -> ManagerError {
     let context = context.into();
     move |source| ManagerError::Io { context, source }
+}
+
+/// Writes a file the shim reads (the inventory, the published config) unless it already holds
+/// `bytes`. A failure (a full /run) is logged, never fatal: a manager that refused to start would
+/// strand every GPU pod of the node, and the shim still reads the file of the last run.
+fn publish(path: &Path, bytes: &[u8], what: &str) {
+    if std::fs::read(path).is_ok_and(|old| old == bytes) {
+        return;
+    }
+    if let Err(e) = files::replace_file(path, bytes, FileMode::Set(0o644), Durability::Volatile) {
+        error!(path = %path.display(), error = %e, "cannot write {what} for gpu-mps-shim; it reads the one there is until a restart writes it");
+    }
+}
+
+/// The state and lease files at start. A failure (a full /run) is logged and returned, never
+/// fatal: the reconcile saves again every tick until it succeeds.
+fn save_at_start(config: &NodeConfig, state: &State, lease_files: &mut LeaseFiles) -> Option<String> {
+    let saved = state
+        .save(&config.state_path())
+        .map_err(ManagerError::from)
+        .and_then(|()| lease_files.sync(&state.leases).map_err(ManagerError::from));
+    saved.err().map(|e| {
+        let reason = gpu_mps_api::message::one_line(&e.to_string());
+        error!(error = %reason, "cannot save the state at start; the manager runs on and saves again every second");
+        reason
+    })
 }
 
 /// The MPS server's log, in the daemon's CUDA_MPS_LOG_DIRECTORY.
@@ -128,6 +161,11 @@ struct Books {
     /// The last failed start of each daemon, when (unix seconds) and why: its GPUs report
     /// unhealthy for a while after it, unless a daemon of that key runs by then.
     start_failures: HashMap<DaemonKey, (i64, String)>,
+    /// One file per recorded lease, kept in line with `state.leases` at every save.
+    lease_files: LeaseFiles,
+    /// Why the last save failed (a full disk), while it stays failed: the reconcile saves
+    /// again every tick until one succeeds.
+    unsaved: Option<String>,
 }
 
 impl Books {
@@ -154,8 +192,19 @@ impl Books {
         );
     }
 
-    fn save(&self, path: &Path) -> Result<(), StateError> {
-        self.state.save(path)
+    /// Writes the state file, then brings the lease files in line with it. A failure is kept
+    /// in `unsaved` (the reconcile tries again) and returned.
+    fn save(&mut self, path: &Path) -> Result<(), ManagerError> {
+        let saved = self.state.save(path).map_err(ManagerError::from).and_then(|()| {
+            self.lease_files
+                .sync(&self.state.leases)
+                .map_err(ManagerError::from)
+        });
+        self.unsaved = saved
+            .as_ref()
+            .err()
+            .map(|e| gpu_mps_api::message::one_line(&e.to_string()));
+        saved
     }
 }
 
@@ -262,29 +311,22 @@ impl ManagerCore {
             warn!(source = %inventory.source, "no GPU found: every lease will be refused");
         }
         let text = serde_json::to_vec_pretty(&inventory).expect("inventory serializes");
-        files::replace_file(
-            &config.inventory_path(),
-            &text,
-            FileMode::Set(0o644),
-            Durability::Volatile,
-        )
-        .map_err(io_err(format!("writing {}", config.inventory_path().display())))?;
+        publish(&config.inventory_path(), &text, "the GPU inventory");
         let published = PublishedConfig::new(config.clone(), &options.config_source, std::process::id());
         let text = serde_json::to_vec_pretty(&published).expect("the config serializes");
-        files::replace_file(
-            &config.published_path(),
-            &text,
-            FileMode::Set(0o644),
-            Durability::Volatile,
-        )
-        .map_err(io_err(format!("writing {}", config.published_path().display())))?;
+        publish(&config.published_path(), &text, "the node config");
         info!(path = %config.published_path().display(), digest = %published.digest, policy = %config.policy, "node config published for gpu-mps-shim");
 
+        let state_existed = config.state_path().exists();
         let (mut state, state_note) = State::load_or_set_aside(&config.state_path(), now_unix());
-        if let Some(note) = state_note {
+        if let Some(note) = &state_note {
             warn!("{note}");
         }
+        if state_note.is_some() || !state_existed {
+            adopt::rebuild_from_lease_files(&config, &mut state);
+        }
         let stuck_daemons = adopt::adopt(&mut state, control.as_ref()).await;
+        let mut lease_files = LeaseFiles::new(config.lease_files_dir());
         if config.exclusive_process {
             let enforced = compute_mode::enforce_exclusive_process(
                 backend.as_ref(),
@@ -293,7 +335,7 @@ impl ManagerCore {
             );
             // GPUs switched before a failure must still be restored later: their saved modes
             // go to disk before the error ends the start.
-            state.save(&config.state_path())?;
+            save_at_start(&config, &state, &mut lease_files);
             for uuid in enforced? {
                 info!(gpu = %uuid, "compute mode set to EXCLUSIVE_PROCESS");
             }
@@ -306,7 +348,7 @@ impl ManagerCore {
                 error!(gpu = %uuid, error = %e, "cannot restore the compute mode");
             }
         }
-        state.save(&config.state_path())?;
+        let unsaved = save_at_start(&config, &state, &mut lease_files);
         let policy = AdmissionPolicy::from(&config);
         let mut gates = Gates::new(control.clone(), gate_timings(&config), gate_bounds(&config));
         if let Some(store) = &options.listener_store {
@@ -341,6 +383,8 @@ impl ManagerCore {
                 pending: BTreeMap::new(),
                 server_logs,
                 start_failures: HashMap::new(),
+                lease_files,
+                unsaved,
             }),
             daemon_turns: DaemonTurns::default(),
             reconciler: tokio::sync::Mutex::new(ReconcileMemory {
@@ -365,7 +409,7 @@ impl ManagerCore {
     }
 
     /// Saves the state, logging a failure: for the paths that must go on regardless.
-    fn save_or_log(&self, books: &Books, when: &str) {
+    fn save_or_log(&self, books: &mut Books, when: &str) {
         if let Err(e) = books.save(&self.config.state_path()) {
             error!(error = %e, "saving state {when} failed");
         }

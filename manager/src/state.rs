@@ -116,11 +116,11 @@ impl State {
         let aside = path.with_extension(format!("json.unusable-{now_unix}"));
         let note = match std::fs::rename(path, &aside) {
             Ok(()) => format!(
-                "{error}; starting from an empty state (the file is kept as {}; leases of running containers are not counted until they restart)",
+                "{error}; rebuilding the leases from their own files and the daemons from their pid files (the file is kept as {})",
                 aside.display()
             ),
             Err(e) => format!(
-                "{error}; starting from an empty state (the file could not be set aside: {e}; leases of running containers are not counted until they restart)"
+                "{error}; rebuilding the leases from their own files and the daemons from their pid files (the file could not be set aside: {e})"
             ),
         };
         (State::default(), Some(gpu_mps_api::message::one_line(&note)))
@@ -215,7 +215,7 @@ mod tests {
     }
 
     #[test]
-    fn an_unusable_state_file_is_set_aside_and_the_manager_starts_empty() {
+    fn an_unusable_state_file_is_set_aside_and_said_in_one_line() {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("state.json");
         let good = serde_json::to_string(&State::default()).unwrap();
@@ -235,7 +235,7 @@ mod tests {
             assert_eq!(state, State::default(), "{what}");
             let note = note.unwrap_or_else(|| panic!("{what}: no note"));
             assert!(
-                note.contains("starting from an empty state") && !note.contains('\n'),
+                note.contains("rebuilding the leases from their own files") && !note.contains('\n'),
                 "{what}: {note}"
             );
             assert!(!path.exists(), "{what}: the file was not set aside");

@@ -214,11 +214,19 @@ impl ManagerCore {
             .leases
             .insert(lease.container_id.clone(), lease.clone());
         if let Err(e) = books.save(&self.config.state_path()) {
+            // A lease the node could forget must not run: a restart would not count it.
             books.state.leases.remove(&lease.container_id);
             books.mark_idle_if_unused(&lease.key);
+            self.save_or_log(&mut books, "after a lease that could not be recorded");
             drop(books);
             self.gates.close(gate_id, &self.config.gate_dir(gate_id));
-            return Err(e.into());
+            let message = format!(
+                "container {} cannot get its lease: the manager cannot record it ({e}); free space under {} on the node",
+                lease.container_id,
+                self.config.root.display()
+            );
+            error!("{message}");
+            return Err(ManagerError::Unrecorded(message));
         }
         Ok(self.response_for(&books, lease))
     }

@@ -14,7 +14,7 @@ use crate::gate::{self, Gates, ListenerStore};
 use crate::lease::LeaseRecord;
 use crate::mps_control::{self, MpsControl};
 use crate::process_identity::ProcessIdentity;
-use crate::state::State;
+use crate::state::{DaemonRecord, State};
 
 /// After a restart: serve the gates of the adopted leases again, on the listening sockets the
 /// gate keeper held through the restart where it has them (the connections made meanwhile wait
@@ -119,6 +119,54 @@ pub(super) async fn running_clients_by_container(
         info!(container = %container, pids = ?processes.iter().map(|p| p.pid).collect::<Vec<_>>(), "CUDA processes found on the server count against the container's cuda-processes");
     }
     found
+}
+
+/// The state file was unusable or missing at start: the leases come back from their own files
+/// (crate::lease_files), and each daemon they name gets a record from its pipe dir's pid file.
+/// [`adopt`] then treats them as it treats a saved state: a lease whose container is gone is
+/// dropped, a daemon that answers is adopted, a dead one is started again for its leases.
+pub(super) fn rebuild_from_lease_files(config: &NodeConfig, state: &mut State) {
+    let dir = config.lease_files_dir();
+    let (leases, notes) = crate::lease_files::read_all(&dir);
+    for note in notes {
+        warn!("{note}");
+    }
+    if leases.is_empty() {
+        return;
+    }
+    let count = leases.len();
+    for lease in leases {
+        state
+            .daemons
+            .entry(lease.key.dir_name())
+            .or_insert_with(|| daemon_from_pid_file(config, &lease.key));
+        state.leases.insert(lease.container_id.clone(), lease);
+    }
+    warn!(leases = count, daemons = state.daemons.len(), dir = %dir.display(), "leases rebuilt from their files; the containers still running keep theirs");
+}
+
+/// What the pipe dir of `key` says of its daemon: the process its pid file names when that still
+/// serves the pipe dir, else a record of no process (so [`adopt`] sees it gone).
+fn daemon_from_pid_file(config: &NodeConfig, key: &DaemonKey) -> DaemonRecord {
+    let pipe_dir = config.pipe_dir(key);
+    let control = mps_control::read_pid_file(&pipe_dir)
+        .and_then(ProcessIdentity::of)
+        .filter(|p| crate::mps_server_processes::serves_pipe_dir(p.pid, &pipe_dir))
+        .unwrap_or(ProcessIdentity {
+            pid: 0,
+            start_ticks: 0,
+        });
+    DaemonRecord {
+        key: key.clone(),
+        control,
+        pipe_dir,
+        log_dir: config.log_dir(key),
+        started_unix: now_unix(),
+        applied: None,
+        idle_since_unix: None,
+        faults: 0,
+        last_fault_unix: None,
+    }
 }
 
 /// After a manager restart: keep leases whose container still runs, and the daemons they or

@@ -217,7 +217,7 @@ impl ManagerCore {
         } else if let Some(d) = books.state.daemons.get_mut(dir) {
             d.idle_since_unix = Some(now);
         }
-        self.save_or_log(&books, "after an idle daemon's stop");
+        self.save_or_log(&mut books, "after an idle daemon's stop");
     }
 }
 

@@ -31,6 +31,19 @@ impl ManagerCore {
         self.restart_dead_daemons(now).await;
         self.note_faults(now);
         self.stop_idle_daemons(now).await;
+        self.save_again_if_unsaved();
+    }
+
+    /// A save that failed (a full /run) is tried again every tick until one succeeds, and
+    /// the recovery is logged: until then a restart would rebuild from older files.
+    fn save_again_if_unsaved(&self) {
+        let mut books = self.books();
+        if books.unsaved.is_none() {
+            return;
+        }
+        if books.save(&self.config.state_path()).is_ok() {
+            info!(leases = books.state.leases.len(), "the state is saved again");
+        }
     }
 
     /// A daemon whose server stopped taking clients (docs/gpu-results.md section 7: a process took
@@ -92,7 +105,7 @@ impl ManagerCore {
             record.faults += 1;
             record.last_fault_unix = Some(now);
         }
-        self.save_or_log(&books, "after replacing a stuck server");
+        self.save_or_log(&mut books, "after replacing a stuck server");
     }
 
     /// EXCLUSIVE_PROCESS is checked on every tick, not only at start: a mode changed behind the
@@ -161,7 +174,7 @@ impl ManagerCore {
             changed = true;
         }
         if changed {
-            self.save_or_log(&books, "after dropping leases of gone containers");
+            self.save_or_log(&mut books, "after dropping leases of gone containers");
         }
     }
 
@@ -228,7 +241,7 @@ impl ManagerCore {
                 }
             }
             if changed {
-                self.save_or_log(&books, "after a daemon died");
+                self.save_or_log(&mut books, "after a daemon died");
             }
             // Leases whose daemon has no record at all: its start failed after it died.
             let mut keys: Vec<DaemonKey> = dead.into_iter().map(|(_, key, _)| key).collect();
@@ -270,7 +283,7 @@ impl ManagerCore {
                         d.idle_since_unix = None;
                     }
                     books.start_failures.remove(&key);
-                    self.save_or_log(&books, "after a daemon's restart");
+                    self.save_or_log(&mut books, "after a daemon's restart");
                 }
                 Err(e) => {
                     error!(daemon = %key, error = %e, "restarting the MPS control daemon failed; retrying on the next tick");
@@ -322,7 +335,7 @@ impl ManagerCore {
             let record = books.state.daemons.get_mut(&dir).expect("checked above");
             record.faults += 1;
             record.last_fault_unix = Some(now);
-            self.save_or_log(&books, "after a server fault");
+            self.save_or_log(&mut books, "after a server fault");
         }
     }
 

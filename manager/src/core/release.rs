@@ -24,7 +24,9 @@ impl ManagerCore {
             return Ok(false);
         };
         books.mark_idle_if_unused(&lease.key);
-        books.save(&self.config.state_path())?;
+        // Released in the books whatever the disk says: the container is gone, and a lease
+        // file left by a failed save is dropped by the next save that succeeds.
+        self.save_or_log(&mut books, "after a release");
         info!(container = %container_id, daemon = %lease.key, elapsed_us = started.elapsed().as_micros() as u64, "lease released");
         Ok(true)
     }

@@ -54,7 +54,7 @@ impl ManagerCore {
                 "leases remain: EXCLUSIVE_PROCESS stays until they are gone"
             );
         }
-        let books = self.books();
-        self.save_or_log(&books, "at shutdown");
+        let mut books = self.books();
+        self.save_or_log(&mut books, "at shutdown");
     }
 }

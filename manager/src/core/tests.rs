@@ -1394,3 +1394,151 @@ async fn an_unserved_gate_dir_is_removed_once_no_acquire_can_come_for_it() {
         "a served gate dir was touched"
     );
 }
+
+/// Fault 5: the state file is lost or unusable while containers run. The new manager starts,
+/// rebuilds their leases from the lease files and adopts their daemon (the same process), so
+/// their memory is still counted; a lease whose container ended meanwhile is not rebuilt.
+#[tokio::test]
+async fn leases_of_running_containers_are_rebuilt_when_the_state_file_is_unusable() {
+    let state_file_faults: [(&str, Option<&[u8]>); 5] = [
+        ("corrupt", Some(b"{ this is not json")),
+        ("truncated", Some(b"{\"version\": 1, \"daemons\": {")),
+        ("empty", Some(b"")),
+        (
+            "another version",
+            Some(b"{\"version\": 99, \"daemons\": {}, \"leases\": {}, \"saved_compute_modes\": {}}"),
+        ),
+        ("deleted", None),
+    ];
+    for (fault, bytes) in state_file_faults {
+        let e = env(LimitPolicy::Exact, Tenancy::Shared);
+        let m = core(&e).await;
+        let (a, b) = (FakeContainer::start(), FakeContainer::start());
+        let mut ended = FakeContainer::start();
+        m.acquire(a.request("a", "GPU-0", 6, 25, "ns")).await.unwrap();
+        m.acquire(b.request("b", "GPU-0", 6, 50, "ns")).await.unwrap();
+        m.acquire(ended.request("ended", "GPU-1", 2, 25, "ns"))
+            .await
+            .unwrap();
+        let before = m.status().await;
+        drop(m); // the manager dies without shutdown
+        ended.stop();
+        match bytes {
+            Some(bytes) => std::fs::write(e.config.state_path(), bytes).unwrap(),
+            None => std::fs::remove_file(e.config.state_path()).unwrap(),
+        }
+
+        let m2 = core(&e).await;
+        let after = m2.status().await;
+        let ids: Vec<&str> = after.leases.iter().map(|l| l.container_id.as_str()).collect();
+        assert_eq!(ids, ["a", "b"], "{fault}: {after:#?}");
+        for lease in &after.leases {
+            let was = before
+                .leases
+                .iter()
+                .find(|l| l.container_id == lease.container_id)
+                .unwrap();
+            assert_eq!(
+                (
+                    lease.memory_limit_bytes,
+                    lease.active_thread_percentage,
+                    lease.pid
+                ),
+                (was.memory_limit_bytes, was.active_thread_percentage, was.pid),
+                "{fault}"
+            );
+        }
+        let gpu0 = |s: &proto::StatusResponse| {
+            s.daemons
+                .iter()
+                .find(|d| d.gpu_uuids == ["GPU-0"])
+                .map(|d| d.control_pid)
+        };
+        assert_eq!(
+            gpu0(&after),
+            gpu0(&before),
+            "{fault}: GPU-0's daemon was not adopted"
+        );
+        // 12 of 16 GiB are still counted: 6 more do not fit, 4 do.
+        assert_eq!(
+            m2.acquire(request("c", "GPU-0", 6, 10, "ns"))
+                .await
+                .unwrap_err()
+                .code(),
+            ttrpc::Code::RESOURCE_EXHAUSTED,
+            "{fault}"
+        );
+        m2.acquire(request("d", "GPU-0", 4, 10, "ns")).await.unwrap();
+        // The lease files follow the state again: a release removes its file.
+        m2.release("a").await.unwrap();
+        let (files, notes) = crate::lease_files::read_all(&e.config.lease_files_dir());
+        let ids: Vec<&str> = files.iter().map(|l| l.container_id.as_str()).collect();
+        assert_eq!((ids, notes), (vec!["b", "d"], vec![]), "{fault}");
+    }
+}
+
+/// A full disk: a lease that cannot be recorded is refused in one line that says why (never
+/// run unrecorded, which a restart would not count), a release still releases, the manager
+/// starts anyway, and once there is room again everything is saved.
+#[tokio::test]
+async fn a_disk_that_cannot_be_written_refuses_new_leases_in_one_line_and_loses_nothing() {
+    let e = env(LimitPolicy::Exact, Tenancy::Shared);
+    let m = core(&e).await;
+    let kept = FakeContainer::start();
+    m.acquire(kept.request("kept", "GPU-0", 4, 25, "ns"))
+        .await
+        .unwrap();
+    m.acquire(request("released", "GPU-0", 4, 25, "ns"))
+        .await
+        .unwrap();
+
+    // The lease files' dir cannot be written: every save fails as on a full /run.
+    let leases_dir = e.config.lease_files_dir();
+    std::fs::rename(&leases_dir, e.config.root.join("leases.moved")).unwrap();
+    std::fs::write(&leases_dir, b"in the way").unwrap();
+    let error = m.acquire(request("new", "GPU-0", 4, 25, "ns")).await.unwrap_err();
+    let text = error.to_string();
+    assert_eq!(error.code(), ttrpc::Code::RESOURCE_EXHAUSTED, "{text}");
+    assert!(
+        !text.contains('\n') && text.contains("cannot get its lease") && text.contains("free space under"),
+        "{text}"
+    );
+    assert!(
+        m.release("released").await.unwrap(),
+        "a release failed on the disk"
+    );
+    let leases = |s: &proto::StatusResponse| -> Vec<String> {
+        s.leases.iter().map(|l| l.container_id.clone()).collect()
+    };
+    assert_eq!(leases(&m.status().await), ["kept"]);
+
+    // A restart with the disk still full: the manager starts.
+    drop(m);
+    let m = core(&e).await;
+    assert_eq!(leases(&m.status().await), ["kept"]);
+
+    // Room again: the next tick saves, and a restart then finds exactly the live lease.
+    std::fs::remove_file(&leases_dir).unwrap();
+    m.reconcile(crate::core::now_unix()).await;
+    let (files, _) = crate::lease_files::read_all(&leases_dir);
+    assert_eq!(
+        files.iter().map(|l| l.container_id.as_str()).collect::<Vec<_>>(),
+        ["kept"]
+    );
+    m.acquire(request("new", "GPU-0", 4, 25, "ns")).await.unwrap();
+    std::fs::remove_file(e.config.state_path()).unwrap();
+    drop(m);
+    let m = core(&e).await;
+    assert_eq!(leases(&m.status().await), ["kept", "new"]);
+}
+
+/// The files the shim reads cannot be written at start (a full /run): the manager starts
+/// anyway and serves, with the files of the last run.
+#[tokio::test]
+async fn the_manager_starts_when_it_cannot_publish_its_files() {
+    let e = env(LimitPolicy::Exact, Tenancy::Shared);
+    std::fs::create_dir_all(e.config.inventory_path()).unwrap();
+    std::fs::create_dir_all(e.config.published_path()).unwrap();
+    let m = core(&e).await;
+    m.acquire(request("c1", "GPU-0", 4, 25, "ns")).await.unwrap();
+}

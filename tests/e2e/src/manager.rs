@@ -38,6 +38,8 @@ pub struct LimitsConfig {
     pub extra_limits: Vec<String>,
     /// TOML appended at the end (e.g. a `[limits.namespaces."<ns>"]` table).
     pub extra_toml: String,
+    /// The manager's root on a tmpfs of this many bytes: a /run that can fill up.
+    pub root_tmpfs_bytes: Option<u64>,
 }
 
 impl Default for LimitsConfig {
@@ -51,6 +53,7 @@ impl Default for LimitsConfig {
             gate_handshake_timeout_seconds: None,
             extra_limits: Vec::new(),
             extra_toml: String::new(),
+            root_tmpfs_bytes: None,
         }
     }
 }
@@ -73,6 +76,12 @@ impl LimitsConfig {
             policy: LimitPolicy::Exact,
             ..LimitsConfig::default()
         }
+    }
+
+    /// The manager's root on a tmpfs of `bytes` (a /run that can fill up).
+    pub fn root_on_tmpfs(mut self, bytes: u64) -> LimitsConfig {
+        self.root_tmpfs_bytes = Some(bytes);
+        self
     }
 
     pub fn tenancy(mut self, tenancy: Tenancy) -> LimitsConfig {
@@ -167,6 +176,8 @@ pub struct Manager {
     inventory: Inventory,
     cli: PathBuf,
     log: PathBuf,
+    /// The root's tmpfs, unmounted on drop (before the work dir goes).
+    root_mounted: Option<PathBuf>,
     dir: WorkDir,
 }
 
@@ -193,8 +204,24 @@ impl Manager {
             gpus,
         };
         std::fs::write(&inventory_path, serde_json::to_vec_pretty(&inventory)?)?;
+        let root_mounted = match limits.root_tmpfs_bytes {
+            Some(bytes) => {
+                std::fs::create_dir_all(&root)?;
+                nix::mount::mount(
+                    Some("tmpfs"),
+                    &root,
+                    Some("tmpfs"),
+                    nix::mount::MsFlags::MS_NOSUID | nix::mount::MsFlags::MS_NODEV,
+                    Some(format!("size={bytes},mode=0755").as_str()),
+                )
+                .with_context(|| format!("mounting a tmpfs of {bytes} bytes on {}", root.display()))?;
+                Some(root.clone())
+            }
+            None => None,
+        };
 
         let mut manager = Manager {
+            root_mounted,
             child: None,
             binary: bins.manager.clone(),
             inventory_path,
@@ -467,6 +494,9 @@ impl Drop for Manager {
             title: format!("gpu-mps-manager log ({})", self.log.display()),
             text: self.log_tail(TAIL_LINES),
         });
+        if let Some(root) = self.root_mounted.take() {
+            let _ = nix::mount::umount2(&root, nix::mount::MntFlags::MNT_DETACH);
+        }
     }
 }
 

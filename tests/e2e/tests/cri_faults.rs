@@ -19,6 +19,7 @@ per_suite!(
     a_control_daemon_killed_under_a_container_is_replaced_and_its_lease_marked,
     a_server_killed_under_clients_gives_new_clients_their_limits_from_the_next_one,
     a_container_killed_during_its_create_leaves_no_lease_gate_or_daemon,
+    a_lost_state_file_is_rebuilt_from_the_running_containers_and_a_full_disk_refuses_in_one_line,
 );
 
 const WAIT: Duration = Duration::from_secs(20);
@@ -585,6 +586,161 @@ async fn a_container_killed_during_its_create_leaves_no_lease_gate_or_daemon(sui
         node.manager.gate_dir_names() == before,
         "gate dirs left: {:?}",
         node.manager.gate_dir_names()
+    );
+    Ok(())
+}
+
+/// Fills the filesystem of `dir` (a small tmpfs) with one file, until it takes no more.
+fn fill_up(dir: &std::path::Path) -> Result<std::path::PathBuf> {
+    use std::io::Write;
+    let path = dir.join("filler");
+    let mut file = std::fs::File::create(&path)?;
+    let chunk = vec![0u8; 64 * 1024];
+    loop {
+        match file.write_all(&chunk) {
+            Ok(()) => {}
+            Err(e) if e.raw_os_error() == Some(nix::libc::ENOSPC) => return Ok(path),
+            Err(e) => return Err(e.into()),
+        }
+    }
+}
+
+/// Fault 5: the manager is SIGKILLed under two running GPU containers and its state file is
+/// corrupted (then deleted, then of another version); each new manager starts, says so in one
+/// line, and rebuilds both leases (same pids, limits) and their daemon from the lease files
+/// and the daemon's pid file, so their memory still counts. Then its root (a small tmpfs) fills
+/// up: a new container is refused with one line naming the disk, a deletion still releases, a
+/// restart with the disk full still serves, and once there is room the next create works and
+/// the leases equal the live containers again.
+async fn a_lost_state_file_is_rebuilt_from_the_running_containers_and_a_full_disk_refuses_in_one_line(
+    suite: Suite,
+) -> Result<()> {
+    let limits = LimitsConfig::exact().root_on_tmpfs(8 << 20);
+    let mut node = GpuNode::start(&suite, limits).await?;
+    let mut cri = node.cri().await?;
+    let gpu = node.gpu_uuid(0).to_string();
+    let root = node.manager.config().root.clone();
+    let state_path = node.manager.config().state_path();
+    let mut running = Vec::new();
+    for (i, memory) in ["6Gi", "5Gi"].iter().enumerate() {
+        let (pod, container, _) = admitted(&mut cri, &format!("fault5-{i}"), &gpu, memory, 25).await?;
+        running.push((pod, container));
+    }
+    let before = node.manager.status().await?;
+    ensure!(
+        before.leases.len() == 2 && before.daemons.len() == 1,
+        "before: {before:#?}"
+    );
+    let daemon_pid = before.daemons[0].control_pid;
+
+    let faults: [(&str, Option<&[u8]>); 3] = [
+        ("corrupt", Some(b"{\"version\": 1, \"leases\": {\"trunc")),
+        ("deleted", None),
+        ("another version", Some(b"{\"version\": 7}")),
+    ];
+    for (fault, bytes) in faults {
+        node.manager.kill();
+        match bytes {
+            Some(bytes) => std::fs::write(&state_path, bytes)?,
+            None => std::fs::remove_file(&state_path)?,
+        }
+        node.manager.start_again().await?;
+        let after = node.manager.status().await?;
+        for (_, container) in &running {
+            let (was, now) = (before.lease(&container.id), after.lease(&container.id));
+            ensure!(
+                matches!((was, now), (Some(w), Some(n)) if (w.pid, w.memory_limit_bytes) == (n.pid, n.memory_limit_bytes)),
+                "{fault}: the lease of {} was not rebuilt: before {was:?}, after {now:?}",
+                container.id
+            );
+        }
+        ensure!(
+            after.daemons.len() == 1 && after.daemons[0].control_pid == daemon_pid,
+            "{fault}: the daemon {daemon_pid} was not adopted: {:#?}",
+            after.daemons
+        );
+        println!(
+            "{}: state file {fault}: both leases and daemon {daemon_pid} rebuilt",
+            suite.containerd_version
+        );
+    }
+    let said = node.manager.log_tail(400);
+    ensure!(
+        said.lines()
+            .filter(|l| l.contains("rebuilding the leases from their own files"))
+            .count()
+            >= 2,
+        "the manager did not say it rebuilt: {said}"
+    );
+    // 11 of the GPU's 16 GiB are still counted: 6 more do not fit.
+    let pod = cri
+        .run_pod_sandbox(&PodSpec::new("fault5-big", "default", GPU_MPS_HANDLER).gpu_limits("6Gi", 25))
+        .await?;
+    let big = cri.create_container(&pod, &mps_client("infer", &gpu)).await?;
+    let refused = cri
+        .start_container(&big)
+        .await
+        .expect_err("6Gi more was admitted on a GPU with 5Gi left");
+    ensure!(
+        refused.message().contains("11Gi of 16Gi"),
+        "the rebuilt leases were not counted: {}",
+        refused.message()
+    );
+    cri.delete_container(&big).await?;
+    cri.delete_pod(&pod).await?;
+
+    // The root fills up.
+    let filler = fill_up(&root)?;
+    let pod = cri
+        .run_pod_sandbox(&PodSpec::new("fault5-full", "default", GPU_MPS_HANDLER).gpu_limits("1Gi", 25))
+        .await?;
+    let late = cri.create_container(&pod, &mps_client("infer", &gpu)).await?;
+    let refused = cri
+        .start_container(&late)
+        .await
+        .expect_err("a lease was given that could not be recorded");
+    let line = refused
+        .message()
+        .lines()
+        .find(|l| l.contains("cannot get its lease"))
+        .with_context(|| format!("no line says why: {}", refused.message()))?
+        .to_string();
+    ensure!(line.contains("free space under"), "{line}");
+    println!("{}: disk full: {line}", suite.containerd_version);
+    cri.delete_container(&late).await?;
+    cri.delete_pod(&pod).await?;
+    let (pod0, first) = running.remove(0);
+    cri.delete_container(&first).await?;
+    cri.delete_pod(&pod0).await?;
+    node.manager
+        .wait_status("the release with the disk full", WAIT, |s| s.leases.len() == 1)
+        .await?;
+    node.manager.kill();
+    node.manager.start_again().await?;
+    let full = node.manager.status().await?;
+    ensure!(
+        full.leases.len() == 1 && full.lease(&running[0].1.id).is_some(),
+        "after a restart with the disk full: {:#?}",
+        full.leases
+    );
+
+    // Room again.
+    std::fs::remove_file(&filler)?;
+    let (_, again, _) = admitted(&mut cri, "fault5-again", &gpu, "1Gi", 25).await?;
+    let now = node.manager.status().await?;
+    let mut leased: Vec<&str> = now.leases.iter().map(|l| l.container_id.as_str()).collect();
+    let mut live = vec![running[0].1.id.as_str(), again.id.as_str()];
+    leased.sort();
+    live.sort();
+    ensure!(leased == live, "leases {leased:?}, live containers {live:?}");
+    let files = std::fs::read_dir(root.join("leases"))?
+        .flatten()
+        .filter(|f| f.file_name().to_string_lossy().ends_with(".json"))
+        .count();
+    ensure!(files == 2, "{files} lease files for 2 leases");
+    println!(
+        "{}: room again: a new container started; 2 leases, 2 lease files",
+        suite.containerd_version
     );
     Ok(())
 }
