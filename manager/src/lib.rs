@@ -10,6 +10,7 @@ pub mod gate;
 pub mod gate_keeper;
 pub mod gpu_backend;
 pub mod lease;
+pub mod metrics;
 pub mod mps_control;
 pub mod mps_server_processes;
 pub mod node_guard;
