@@ -324,6 +324,9 @@ impl ManagerCore {
             }
         }
         state.save(&config.state_path())?;
+        for g in &inventory.gpus {
+            options.metrics.know_daemon(&DaemonKey::new([g.uuid.clone()]));
+        }
         let policy = AdmissionPolicy::from(&config);
         let mut gates = Gates::new(control.clone(), gate_timings(&config), gate_bounds(&config))
             .with_metrics(options.metrics.clone());

@@ -222,6 +222,31 @@ impl Default for Metrics {
 }
 
 impl Metrics {
+    /// Starts the series of a daemon the node has (one per GPU of the inventory) at 0, so that
+    /// every family is in a scrape before its first event and a rate sees that event.
+    pub fn know_daemon(&self, daemon: &DaemonKey) {
+        let r = &self.recorded;
+        let name = daemon.to_string();
+        let _ = r
+            .gate_connections_waiting
+            .get_or_create(&DaemonLabel { daemon: name.clone() });
+        let _ = r
+            .daemon_start_failures
+            .get_or_create(&DaemonLabel { daemon: name.clone() });
+        for how in [DaemonStart::Started, DaemonStart::Restarted, DaemonStart::Adopted] {
+            let _ = r.daemon_starts.get_or_create(&DaemonStartLabels {
+                daemon: name.clone(),
+                how: how.label(),
+            });
+        }
+        for fault in [ServerFault::GpuFault, ServerFault::Stuck] {
+            let _ = r.server_faults.get_or_create(&ServerFaultLabels {
+                daemon: name.clone(),
+                kind: fault.label(),
+            });
+        }
+    }
+
     /// An Acquire that took `elapsed` and ended in `outcome`.
     pub fn acquire_finished(&self, elapsed: Duration, outcome: AcquireOutcome) {
         let (label, refusal) = match outcome {

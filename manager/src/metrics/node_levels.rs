@@ -95,7 +95,9 @@ fn gauges<L>(
 where
     L: prometheus_client::encoding::EncodeLabelSet,
 {
-    let mut family = encoder.encode_descriptor(name, help, None, MetricType::Gauge)?;
+    // Ended with a period, as the registry ends the help of the recorded families.
+    let help = format!("{help}.");
+    let mut family = encoder.encode_descriptor(name, &help, None, MetricType::Gauge)?;
     for (labels, value) in samples {
         ConstGauge::new(value).encode(family.encode_family(&labels)?)?;
     }
