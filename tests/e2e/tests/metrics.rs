@@ -30,20 +30,25 @@ const GIB: u64 = 1 << 30;
 /// The runc path in the node config: no container is run, so it is never executed.
 const UNUSED_RUNC: &str = "/usr/sbin/runc";
 
-/// A stand-in for a container's init process: a lease follows its pid. Killed on drop.
-struct FakeContainer(Child);
+/// A process of the test, killed on drop (also when the test fails half-way).
+struct KilledOnDrop(Child);
+
+/// A stand-in for a container's init process: a lease follows its pid.
+struct FakeContainer(KilledOnDrop);
 
 impl FakeContainer {
     fn start() -> Result<Self> {
-        Ok(FakeContainer(Command::new("sleep").arg("600").spawn()?))
+        Ok(FakeContainer(KilledOnDrop(
+            Command::new("sleep").arg("600").spawn()?,
+        )))
     }
 
     fn pid(&self) -> u32 {
-        self.0.id()
+        self.0.0.id()
     }
 }
 
-impl Drop for FakeContainer {
+impl Drop for KilledOnDrop {
     fn drop(&mut self) {
         let _ = self.0.kill();
         let _ = self.0.wait();
@@ -212,7 +217,7 @@ fn promtool_check(text: &str) -> Result<()> {
 
 /// Runs the static checker as a fake CUDA client on a container's gate, and reads its line
 /// (printed once it holds its channel). It holds the channel until killed.
-fn cuda_client(bins: &Binaries, gate: &Path) -> Result<(Child, String)> {
+fn cuda_client(bins: &Binaries, gate: &Path) -> Result<(KilledOnDrop, String)> {
     let mut child = Command::new(&bins.checker)
         .args(["mps-client", "--hold-seconds", "60"])
         .env("CUDA_MPS_PIPE_DIRECTORY", gate)
@@ -220,8 +225,10 @@ fn cuda_client(bins: &Binaries, gate: &Path) -> Result<(Child, String)> {
         .stdout(Stdio::piped())
         .spawn()
         .context("starting the checker as a CUDA client")?;
+    let stdout = child.stdout.take().context("the checker's stdout")?;
+    let child = KilledOnDrop(child);
     let mut line = String::new();
-    BufReader::new(child.stdout.take().context("the checker's stdout")?).read_line(&mut line)?;
+    BufReader::new(stdout).read_line(&mut line)?;
     Ok((child, line))
 }
 
@@ -284,7 +291,7 @@ async fn a_scrape_counts_what_the_manager_did_and_passes_promtool() -> Result<()
         let full = acquire(&manager, "metrics-d", &gpu1, 17 * GIB, 10, b.pid()).unwrap_err();
         ensure!(full.to_string().contains("reserved"), "{full}");
         // A CUDA client through a's gate, and a UI session that the gate refuses.
-        let (mut client, line) = cuda_client(&bins, &manager.gate_dir("metrics-a"))?;
+        let (client, line) = cuda_client(&bins, &manager.gate_dir("metrics-a"))?;
         ensure!(
             line.contains("\"admitted\":true"),
             "the CUDA client was not admitted: {line}"
@@ -394,8 +401,7 @@ async fn a_scrape_counts_what_the_manager_did_and_passes_promtool() -> Result<()
             per_scrape < Duration::from_millis(250),
             "a scrape took {per_scrape:?}"
         );
-        let _ = client.kill();
-        let _ = client.wait();
+        drop(client);
         Ok(())
     })
     .await
