@@ -5,6 +5,7 @@
 
 use std::collections::BTreeMap;
 use std::fmt;
+use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::str::FromStr;
 
@@ -122,6 +123,14 @@ struct RawConfig {
     gate: RawGate,
     #[serde(default)]
     device_plugin: RawDevicePlugin,
+    #[serde(default)]
+    metrics: RawMetrics,
+}
+
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawMetrics {
+    listen: Option<String>,
 }
 
 #[derive(Debug, Clone, Default, Deserialize)]
@@ -232,6 +241,11 @@ pub struct NodeConfig {
     /// Scheduling by `gpu-mps.io/memory` units (gpu-mps-device-plugin).
     #[serde(default)]
     pub device_plugin: DevicePluginConfig,
+    /// `[metrics] listen`: where the manager serves Prometheus metrics over HTTP (`GET /metrics`).
+    /// `None`, the default: no metrics, no port. Left out of the published config when unset, so
+    /// that a config without it keeps the digest it had before the key existed.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub metrics_listen: Option<SocketAddr>,
 }
 
 /// `[device_plugin]`: how gpu-mps-device-plugin turns GPU memory into `gpu-mps.io/memory` units.
@@ -311,6 +325,7 @@ impl Default for NodeConfig {
             // Far below the manager's raised descriptor limit (it asks for 65536).
             gate_max_connections: 4096,
             device_plugin: DevicePluginConfig::default(),
+            metrics_listen: None,
         }
     }
 }
@@ -549,6 +564,16 @@ impl NodeConfig {
             16..=65536,
         )?;
         let device_plugin = device_plugin_config(&p, raw.device_plugin, d.device_plugin)?;
+        let metrics_listen = raw
+            .metrics
+            .listen
+            .map(|value| metrics_address(&value))
+            .transpose()
+            .map_err(|message| ConfigError::Invalid {
+                path: p.clone(),
+                key: "metrics.listen",
+                message,
+            })?;
         let tenancy = l.tenancy.unwrap_or(d.tenancy);
         // Units promise the scheduler that any mix of sizes and namespaces fits a GPU: only one
         // server holding each container to its own limits keeps that promise.
@@ -563,6 +588,7 @@ impl NodeConfig {
         }
         Ok(NodeConfig {
             device_plugin,
+            metrics_listen,
             root,
             hook_path: raw.hook_path.unwrap_or(d.hook_path),
             runc_path: raw.runc_path.unwrap_or(d.runc_path),
@@ -707,6 +733,24 @@ fn device_plugin_config(
         server_reserve_bytes,
         default_thread_share_factor: factor,
     })
+}
+
+/// `[metrics] listen`: an IP address and a port, never a host name (the manager resolves
+/// nothing: what it binds is what the file says).
+fn metrics_address(value: &str) -> Result<SocketAddr, String> {
+    // Debug quoting keeps a line break in the value from breaking the one-line message.
+    let shown = value;
+    let address: SocketAddr = value.parse().map_err(|_| {
+        format!(
+            "{shown:?} is not an IP address and port: expected e.g. \"127.0.0.1:9401\" (this host only) or \"0.0.0.0:9401\" (every address); leave the key out to serve no metrics"
+        )
+    })?;
+    if address.port() == 0 {
+        return Err(format!(
+            "{shown:?} has port 0: expected a fixed port from 1 to 65535, which Prometheus can be told"
+        ));
+    }
+    Ok(address)
 }
 
 /// Smallest and largest `device_plugin.memory_unit`: kubelet lists every unit as a device, so a
@@ -1079,6 +1123,51 @@ mod tests {
         assert!(
             parse("[limits]\ndefault_active_thread_percentage = 0\ndefault_memory_limit = \"1Gi\"").is_err()
         );
+    }
+
+    #[test]
+    fn metrics_are_off_by_default_and_listen_where_the_file_says() {
+        assert_eq!(parse("").unwrap().metrics_listen, None);
+        let c = parse("[metrics]\nlisten = \"127.0.0.1:9401\"\n").unwrap();
+        assert_eq!(c.metrics_listen, Some("127.0.0.1:9401".parse().unwrap()));
+        let c = parse("[metrics]\nlisten = \"[::1]:9401\"\n").unwrap();
+        assert_eq!(c.metrics_listen, Some("[::1]:9401".parse().unwrap()));
+        assert_eq!(parse("[metrics]\n").unwrap().metrics_listen, None);
+        for (value, says) in [
+            ("localhost:9401", "not an IP address and port"),
+            ("127.0.0.1", "not an IP address and port"),
+            ("127.0.0.1:99999", "not an IP address and port"),
+            ("127.0.0.1:0", "port 0"),
+            ("127.0.0.1:94\\n01", "not an IP address and port"),
+        ] {
+            let e = parse(&format!("[metrics]\nlisten = \"{value}\"\n"))
+                .unwrap_err()
+                .to_string();
+            assert!(
+                e.contains("metrics.listen") && e.contains(says) && !e.contains('\n'),
+                "{value}: {e}"
+            );
+        }
+        let e = parse("[metrics]\naddress = \"127.0.0.1:9401\"\n")
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("address"), "{e}");
+    }
+
+    #[test]
+    fn a_config_without_metrics_keeps_its_digest() {
+        // The key is left out of the published JSON when unset: a node that does not use it
+        // publishes what a manager from before the key published.
+        let c = NodeConfig::default();
+        let json = serde_json::to_string(&c).unwrap();
+        assert!(!json.contains("metrics"), "{json}");
+        let with = NodeConfig {
+            metrics_listen: Some("127.0.0.1:9401".parse().unwrap()),
+            ..NodeConfig::default()
+        };
+        assert_ne!(with.digest(), c.digest());
+        let back: NodeConfig = serde_json::from_str(&serde_json::to_string(&with).unwrap()).unwrap();
+        assert_eq!(back, with);
     }
 
     #[test]

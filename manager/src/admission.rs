@@ -120,6 +120,21 @@ pub enum Refusal {
 }
 
 impl Refusal {
+    /// Its `reason` label in the metrics (crate::metrics::LEASE_REFUSAL_REASONS).
+    pub fn reason(&self) -> &'static str {
+        match self {
+            Refusal::UnknownGpu(_) => "unknown_gpu",
+            Refusal::MigEnabled(_) => "mig_enabled",
+            Refusal::ClassBusy { .. } => "class_busy",
+            Refusal::AboveCeiling { .. } => "above_ceiling",
+            Refusal::TenantBusy { .. } => "tenant_busy",
+            Refusal::OverlappingGpuSet { .. } => "overlapping_gpu_set",
+            Refusal::MemoryCapacity { .. } => "memory_capacity",
+            Refusal::UnitHeld { .. } => "unit_held",
+            Refusal::ClientCapacity { .. } => "client_capacity",
+        }
+    }
+
     /// The ttrpc status code the hook and the CLI get.
     pub fn code(&self) -> ttrpc::Code {
         match self {

@@ -43,6 +43,7 @@ use crate::gate::{GateBounds, GateError, GateTarget, GateTimings, Gates, Listene
 use crate::gpu_backend::{GpuBackend, GpuBackendError};
 use crate::lease::LeaseRecord;
 use crate::lease_files::LeaseFiles;
+use crate::metrics::{AcquireOutcome, Metrics};
 use crate::mps_control::{ControlError, MpsControl};
 use crate::state::{State, StateError};
 
@@ -81,6 +82,18 @@ pub enum ManagerError {
 }
 
 impl ManagerError {
+    /// How an Acquire that ended in this error shows in the metrics: refused for the request
+    /// or the node's capacity (with its reason), or failed on the node's side.
+    pub fn acquire_outcome(&self) -> AcquireOutcome {
+        match self {
+            ManagerError::Refused(r) => AcquireOutcome::Refused(r.reason()),
+            ManagerError::InvalidRequest(_) => AcquireOutcome::Refused("invalid_request"),
+            ManagerError::ConfigChanged(_) => AcquireOutcome::Refused("config_changed"),
+            ManagerError::InProgress(_) => AcquireOutcome::Refused("in_progress"),
+            _ => AcquireOutcome::Failed,
+        }
+    }
+
     pub fn code(&self) -> ttrpc::Code {
         match self {
             ManagerError::Refused(r) => r.code(),
@@ -245,6 +258,8 @@ pub struct ManagerCore {
     daemon_turns: DaemonTurns,
     /// Also keeps two reconciles from overlapping.
     reconciler: tokio::sync::Mutex<ReconcileMemory>,
+    /// Where events are recorded (crate::metrics); it holds none of the state above.
+    metrics: Metrics,
 }
 
 fn gate_timings(config: &NodeConfig) -> GateTimings {
@@ -269,6 +284,8 @@ pub struct StartOptions {
     /// By gate name ([`ContainerId::gate_name`]).
     pub inherited_gates: HashMap<String, OwnedFd>,
     pub listener_store: Option<Arc<dyn ListenerStore>>,
+    /// Where the core and its gates record events; the binary serves it when configured.
+    pub metrics: Metrics,
 }
 
 /// The server started with every new daemon: measured on the H200, `start_server -uid 0` under
@@ -349,8 +366,12 @@ impl ManagerCore {
             }
         }
         let unsaved = save_at_start(&config, &state, &mut lease_files);
+        for g in &inventory.gpus {
+            options.metrics.know_daemon(&DaemonKey::new([g.uuid.clone()]));
+        }
         let policy = AdmissionPolicy::from(&config);
-        let mut gates = Gates::new(control.clone(), gate_timings(&config), gate_bounds(&config));
+        let mut gates = Gates::new(control.clone(), gate_timings(&config), gate_bounds(&config))
+            .with_metrics(options.metrics.clone());
         if let Some(store) = &options.listener_store {
             gates = gates.with_listener_store(store.clone());
         }
@@ -391,6 +412,7 @@ impl ManagerCore {
                 stuck_daemons,
                 ..ReconcileMemory::default()
             }),
+            metrics: options.metrics,
         })
     }
 

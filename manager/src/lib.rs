@@ -11,6 +11,7 @@ pub mod gate_keeper;
 pub mod gpu_backend;
 pub mod lease;
 pub mod lease_files;
+pub mod metrics;
 pub mod mps_control;
 pub mod mps_server_processes;
 pub mod node_guard;

@@ -13,6 +13,7 @@ use gpu_mps_manager::core::{ManagerCore, StartOptions};
 use gpu_mps_manager::gate::ListenerStore;
 use gpu_mps_manager::gate_keeper::{self, HeldKind, KeeperClient};
 use gpu_mps_manager::gpu_backend::{FileBackend, GpuBackend, NvmlBackend};
+use gpu_mps_manager::metrics::{self, Exposition, LevelSource, Metrics};
 use gpu_mps_manager::mps_control::CliControl;
 use gpu_mps_manager::{node_guard, server};
 
@@ -96,6 +97,16 @@ async fn manager(args: Args) -> anyhow::Result<()> {
     } else {
         tracing::info!(before = limit.before, now = limit.now, "open-file limit");
     }
+    // Bound now, served once the core runs: a port in use is said next to the config it
+    // comes from. Without `[metrics] listen` no port is opened at all.
+    let metrics_listener = match config.metrics_listen {
+        Some(address) => metrics::http::bind(address)
+            .await
+            .inspect_err(|e| tracing::error!("{e}"))
+            .ok(),
+        None => None,
+    };
+    let metrics = Metrics::default();
     // After the limit is raised (the keeper inherits it), before NVML opens device files.
     let (keeper, inherited_gates) = start_gate_keeper(&config.root).await;
     let backend: Arc<dyn GpuBackend> = match &args.fake_inventory {
@@ -118,8 +129,14 @@ async fn manager(args: Args) -> anyhow::Result<()> {
         config_source: args.config.clone(),
         inherited_gates,
         listener_store: keeper.clone().map(|k| k as Arc<dyn ListenerStore>),
+        metrics: metrics.clone(),
     };
     let core = Arc::new(ManagerCore::start_with(config, control, backend, options).await?);
+    if let Some(listener) = metrics_listener {
+        let source: Arc<dyn LevelSource> = core.clone();
+        let exposition = Arc::new(Exposition::new(&metrics, Arc::downgrade(&source)));
+        tokio::spawn(metrics::http::serve(listener, exposition));
+    }
     server::serve(core, &socket).await?;
     // With no gate left to keep (every lease released), the keeper has nothing to do until the
     // next manager starts one.

@@ -7,6 +7,7 @@ use tracing::{error, info, warn};
 use super::{Books, ManagerCore, ManagerError, now_unix};
 use crate::admission::{self, LeaseRequest};
 use crate::lease::LeaseRecord;
+use crate::metrics::AcquireOutcome;
 use crate::process_identity::ProcessIdentity;
 
 /// What the books say about an Acquire before any daemon is touched.
@@ -25,6 +26,20 @@ impl ManagerCore {
     /// back, lease recorded. Idempotent per container id.
     pub async fn acquire(&self, req: proto::AcquireRequest) -> Result<proto::AcquireResponse, ManagerError> {
         let started = std::time::Instant::now();
+        let result = self.lease(req, started).await;
+        let outcome = match &result {
+            Ok(_) => AcquireOutcome::Acquired,
+            Err(e) => e.acquire_outcome(),
+        };
+        self.metrics.acquire_finished(started.elapsed(), outcome);
+        result
+    }
+
+    async fn lease(
+        &self,
+        req: proto::AcquireRequest,
+        started: std::time::Instant,
+    ) -> Result<proto::AcquireResponse, ManagerError> {
         let request = validate(&req)?;
         self.check_layout(&req)?;
         let (maxima, scope) = self.config.maxima_for(&req.namespace);

@@ -12,6 +12,7 @@ use tracing::{error, info, warn};
 
 use super::{ManagerCore, ManagerError, SERVER_LOG, START_SERVER, make_dir, now_unix};
 use crate::fault_watch::LogCursor;
+use crate::metrics::DaemonStart;
 use crate::mps_control::{self, ControlError};
 use crate::process_identity::ProcessIdentity;
 use crate::state::DaemonRecord;
@@ -65,10 +66,21 @@ impl ManagerCore {
             make_dir(&self.config.daemon_dir(key), 0o755)?;
             make_dir(&pipe_dir, 0o755)?;
             make_dir(&log_dir, 0o755)?;
-            let control = self
-                .start_or_adopt(key, &pipe_dir, &log_dir)
-                .await
-                .inspect_err(|e| error!(daemon = %key, error = %e, "cannot start the MPS control daemon"))?;
+            let (control, adopted) =
+                self.start_or_adopt(key, &pipe_dir, &log_dir)
+                    .await
+                    .inspect_err(|e| {
+                        self.metrics.daemon_start_failed(key);
+                        error!(daemon = %key, error = %e, "cannot start the MPS control daemon")
+                    })?;
+            self.metrics.daemon_started(
+                key,
+                match (adopted, &history) {
+                    (true, _) => DaemonStart::Adopted,
+                    (false, Some(_)) => DaemonStart::Restarted,
+                    (false, None) => DaemonStart::Started,
+                },
+            );
             match self.control.command(&pipe_dir, START_SERVER).await {
                 Ok(answer) if answer.is_empty() => {
                     info!(daemon = %key, "MPS server started with its daemon")
@@ -120,13 +132,13 @@ impl ManagerCore {
     /// Starts the daemon of `key`, unless one the state does not know (state file lost, manager
     /// crashed mid-start) still owns the pipe dir and answers: that one is adopted rather than
     /// doubled. One that owns it but no longer answers is stopped first: two daemons must never
-    /// share a pipe dir.
+    /// share a pipe dir. True with a daemon that was adopted.
     async fn start_or_adopt(
         &self,
         key: &DaemonKey,
         pipe_dir: &Path,
         log_dir: &Path,
-    ) -> Result<ProcessIdentity, ManagerError> {
+    ) -> Result<(ProcessIdentity, bool), ManagerError> {
         let named = mps_control::read_pid_file(pipe_dir)
             .and_then(ProcessIdentity::of)
             .filter(|p| p.is_alive());
@@ -141,7 +153,7 @@ impl ManagerCore {
         if let Some(identity) = orphan {
             if self.control.command(pipe_dir, "get_server_list").await.is_ok() {
                 warn!(daemon = %key, pid = identity.pid, "adopting an MPS control daemon missing from the state");
-                return Ok(identity);
+                return Ok((identity, true));
             }
             warn!(daemon = %key, pid = identity.pid, "an MPS control daemon owns the pipe dir but does not answer; stopping it");
             identity.terminate(std::time::Duration::from_secs(2)).await;
@@ -160,7 +172,7 @@ impl ManagerCore {
             reason: format!("daemon pid {pid} exited right after start"),
         })?;
         info!(daemon = %key, pid, pipe_dir = %pipe_dir.display(), elapsed_ms = started.elapsed().as_millis() as u64, "MPS control daemon started");
-        Ok(identity)
+        Ok((identity, false))
     }
 
     /// Quits an idle daemon unless MPS still reports clients on it (a container gpu-mps does

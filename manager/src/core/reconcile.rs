@@ -13,6 +13,7 @@ use crate::compute_mode;
 use crate::fault_watch;
 use crate::gate::daemon_admission::WedgeReport;
 use crate::lease::LeaseRecord;
+use crate::metrics::ServerFault;
 
 impl ManagerCore {
     /// Drops leases of containers whose process is gone, restarts daemons that died under
@@ -100,6 +101,7 @@ impl ManagerCore {
         for pid in servers.iter().copied().chain(daemon) {
             crate::mps_server_processes::kill(pid);
         }
+        self.metrics.server_fault(&key, ServerFault::Stuck);
         let mut books = self.books();
         if let Some(record) = books.state.daemons.get_mut(&dir) {
             record.faults += 1;
@@ -332,6 +334,7 @@ impl ManagerCore {
             // lines of one read (one 1 s tick) are one fault. The faulted containers have often
             // exited by now, so the pids are the record, the leases only who is still there.
             error!(daemon = %key, torn_down_client_pids = ?pids, leases_now = ?affected, "the MPS server reported a fatal GPU fault: MPS tore down every client of this server (one fault domain per GPU; tenancy = \"exclusive\" keeps namespaces apart)");
+            self.metrics.server_fault(&key, ServerFault::GpuFault);
             let record = books.state.daemons.get_mut(&dir).expect("checked above");
             record.faults += 1;
             record.last_fault_unix = Some(now);

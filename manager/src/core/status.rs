@@ -9,6 +9,7 @@ use gpu_mps_api::{ContainerId, proto};
 use super::{Books, FAULT_UNHEALTHY_SECONDS, ManagerCore, START_FAILURE_UNHEALTHY_SECONDS, now_unix};
 use crate::admission;
 use crate::lease::LeaseRecord;
+use crate::metrics::{DaemonLevels, GpuLevels, LevelSource, NodeLevels};
 use crate::mps_control;
 use crate::state::DaemonRecord;
 
@@ -74,6 +75,79 @@ impl ManagerCore {
                 .unwrap_or_default();
         }
         resp
+    }
+}
+
+/// The levels a metrics scrape shows: numbers copied out of the books, then the gates' counts
+/// read after the lock is released (as [`ManagerCore::status`] does).
+impl LevelSource for ManagerCore {
+    fn node_levels(&self) -> NodeLevels {
+        let mut levels = NodeLevels {
+            version: env!("CARGO_PKG_VERSION").to_string(),
+            policy: self.config.policy.to_string(),
+            tenancy: self.config.tenancy.to_string(),
+            ..NodeLevels::default()
+        };
+        let leases: Vec<(String, String)> = {
+            let books = self.books();
+            let now = now_unix();
+            for g in &self.inventory.gpus {
+                let on_gpu: Vec<&LeaseRecord> = books
+                    .state
+                    .leases
+                    .values()
+                    .filter(|l| l.key.contains(&g.uuid))
+                    .collect();
+                levels.gpus.push(GpuLevels {
+                    uuid: g.uuid.clone(),
+                    index: g.index,
+                    name: g.name.clone(),
+                    memory_bytes: g.memory_bytes,
+                    memory_capacity_bytes: admission::memory_capacity(g.memory_bytes, self.config.overcommit),
+                    memory_allocated_bytes: on_gpu.iter().map(|l| l.limits.effective_memory_bytes()).sum(),
+                    threads_allocated_percent: on_gpu
+                        .iter()
+                        .map(|l| u64::from(l.limits.thread_percentage))
+                        .sum(),
+                    clients_allocated: on_gpu.iter().map(|l| u64::from(l.cuda_processes)).sum(),
+                    clients_capacity: u64::from(self.config.max_clients_per_gpu),
+                    leases: on_gpu.len() as u64,
+                    unhealthy: !unhealthy_reason(&books, &g.uuid, now).is_empty(),
+                });
+            }
+            for d in books.state.daemons.values() {
+                levels.daemons.push(DaemonLevels {
+                    daemon: d.key.to_string(),
+                    state: if d.idle_since_unix.is_some() {
+                        "idle"
+                    } else {
+                        "running"
+                    },
+                    leases: books.state.leases_of(&d.key).count() as u64,
+                    clients: 0,
+                });
+            }
+            levels.leases_pending = books.pending.len() as u64;
+            books
+                .state
+                .leases
+                .values()
+                .map(|l| (l.container_id.clone(), l.key.to_string()))
+                .collect()
+        };
+        for (container, daemon) in leases {
+            let Some(view) = ContainerId::parse(&container)
+                .ok()
+                .and_then(|id| self.gates.view(&id))
+            else {
+                continue;
+            };
+            levels.gate_connections_open += u64::from(view.connections);
+            if let Some(d) = levels.daemons.iter_mut().find(|d| d.daemon == daemon) {
+                d.clients += view.admitted_pids.len() as u64;
+            }
+        }
+        levels
     }
 }
 

@@ -1091,6 +1091,7 @@ async fn a_connection_made_while_the_manager_restarts_is_served_by_the_next_one(
         config_source: PathBuf::new(),
         inherited_gates: HashMap::new(),
         listener_store: Some(store.clone() as Arc<dyn ListenerStore>),
+        ..StartOptions::default()
     };
     let m = ManagerCore::start_with(e.config.clone(), e.control.clone(), e.backend.clone(), options())
         .await
@@ -1541,4 +1542,81 @@ async fn the_manager_starts_when_it_cannot_publish_its_files() {
     std::fs::create_dir_all(e.config.published_path()).unwrap();
     let m = core(&e).await;
     m.acquire(request("c1", "GPU-0", 4, 25, "ns")).await.unwrap();
+}
+/// The metrics a scrape would show, from the core's own paths: the levels computed from the
+/// books, the events recorded where they happen.
+#[tokio::test]
+async fn metrics_follow_the_books_and_the_events_of_acquire_and_reconcile() {
+    use crate::metrics::{Exposition, Format, LevelSource, Metrics};
+    let e = env(LimitPolicy::Uniform, Tenancy::Shared);
+    let metrics = Metrics::default();
+    let options = StartOptions {
+        metrics: metrics.clone(),
+        ..StartOptions::default()
+    };
+    let m = Arc::new(
+        ManagerCore::start_with(e.config.clone(), e.control.clone(), e.backend.clone(), options)
+            .await
+            .unwrap(),
+    );
+    let container = FakeContainer::start();
+    let mut r = container.request("c1", "GPU-0", 4, 25, "ns");
+    r.cuda_processes = 2;
+    m.acquire(r).await.unwrap();
+    // The same class (2Gi and 25% per process) in one process.
+    m.acquire(container.request("c2", "GPU-0", 2, 25, "ns"))
+        .await
+        .unwrap();
+    // Another class on a busy GPU under uniform, and a request beyond the GPU's memory.
+    m.acquire(request("c3", "GPU-0", 2, 10, "ns")).await.unwrap_err();
+    m.acquire(request("c4", "GPU-1", 17, 10, "ns")).await.unwrap_err();
+
+    let levels = m.node_levels();
+    assert_eq!(levels.policy, "uniform");
+    let gpu0 = &levels.gpus[0];
+    assert_eq!(
+        (gpu0.uuid.as_str(), gpu0.leases, gpu0.memory_allocated_bytes),
+        ("GPU-0", 2, 6 * GIB)
+    );
+    assert_eq!(
+        (
+            gpu0.threads_allocated_percent,
+            gpu0.clients_allocated,
+            gpu0.clients_capacity
+        ),
+        (50, 3, 48)
+    );
+    assert_eq!(gpu0.memory_capacity_bytes, 16 * GIB);
+    assert_eq!(levels.gpus[1].leases, 0);
+    assert_eq!(levels.daemons.len(), 1);
+    assert_eq!(
+        (
+            levels.daemons[0].daemon.as_str(),
+            levels.daemons[0].state,
+            levels.daemons[0].leases
+        ),
+        ("GPU-0", "running", 2)
+    );
+    assert_eq!(levels.leases_pending, 0);
+
+    // The daemon dies under its leases: the next tick starts it again.
+    e.control.kill_all();
+    m.reconcile(now_unix()).await;
+
+    let source: Arc<dyn LevelSource> = m.clone();
+    let text = Exposition::new(&metrics, Arc::downgrade(&source))
+        .encode(Format::PrometheusText)
+        .unwrap();
+    for line in [
+        r#"gpu_mps_acquire_duration_seconds_count{outcome="acquired"} 2"#,
+        r#"gpu_mps_acquire_duration_seconds_count{outcome="refused"} 2"#,
+        r#"gpu_mps_lease_refusals_total{reason="class_busy"} 1"#,
+        r#"gpu_mps_lease_refusals_total{reason="memory_capacity"} 1"#,
+        r#"gpu_mps_daemon_starts_total{daemon="GPU-0",how="started"} 1"#,
+        r#"gpu_mps_daemon_starts_total{daemon="GPU-0",how="restarted"} 1"#,
+        r#"gpu_mps_leases{daemon="GPU-0"} 2"#,
+        r#"gpu_mps_daemons{state="running"} 1"#,
+    ] {
+        assert!(text.lines().any(|l| l == line), "no line {line} in:\n{text}");
+    }
 }

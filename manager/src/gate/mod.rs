@@ -44,6 +44,7 @@ use tokio::sync::{OwnedSemaphorePermit, Semaphore, oneshot};
 use tokio::task::JoinHandle;
 use tracing::{debug, error, info, warn};
 
+use crate::metrics::{GateRefusal, Metrics};
 use crate::mps_control::{self, MpsControl};
 use crate::process_identity::ProcessIdentity;
 use daemon_admission::{
@@ -164,6 +165,7 @@ pub struct Gates {
     daemons: StdMutex<HashMap<String, DaemonAdmission>>,
     open: StdMutex<HashMap<ContainerId, OpenGate>>,
     wedges: WedgeReports,
+    metrics: Metrics,
 }
 
 impl Gates {
@@ -178,7 +180,14 @@ impl Gates {
             daemons: StdMutex::new(HashMap::new()),
             open: StdMutex::new(HashMap::new()),
             wedges: Arc::new(StdMutex::new(Vec::new())),
+            metrics: Metrics::default(),
         }
+    }
+
+    /// Records the gates' admissions, refusals and waiting connections in `metrics`.
+    pub fn with_metrics(mut self, metrics: Metrics) -> Self {
+        self.metrics = metrics;
+        self
     }
 
     /// The stuck servers the daemons' owners noticed since the last call.
@@ -256,6 +265,7 @@ impl Gates {
             per_container: Arc::new(Semaphore::new(self.bounds.per_container as usize)),
             node_budget: self.node_budget.clone(),
             node_budget_logged: self.node_budget_logged.clone(),
+            metrics: self.metrics.clone(),
         };
         let container = serving.target.container.clone();
         let (stop_accepting, stop) = tokio::sync::watch::channel(false);
@@ -438,6 +448,7 @@ struct Serving {
     per_container: Arc<Semaphore>,
     node_budget: Arc<Semaphore>,
     node_budget_logged: Arc<AtomicBool>,
+    metrics: Metrics,
 }
 
 /// The permits one open connection holds; released when it closes.
@@ -572,11 +583,16 @@ async fn serve_connection(stream: UnixStream, slot: Slot, serving: Serving) {
         }
     };
     if request != Request::CudaClient {
-        refuse(&serving, client_pid, &request.describe());
+        refuse(
+            &serving,
+            client_pid,
+            GateRefusal::NotACudaClient,
+            &request.describe(),
+        );
         return;
     }
     if let Some(reason) = lock(&serving.state.blocked).clone() {
-        refuse(&serving, client_pid, &reason);
+        refuse(&serving, client_pid, GateRefusal::Blocked, &reason);
         return;
     }
     let Some(process) = u32::try_from(client_pid).ok().and_then(ProcessIdentity::of) else {
@@ -590,6 +606,7 @@ async fn serve_connection(stream: UnixStream, slot: Slot, serving: Serving) {
             refuse(
                 &serving,
                 client_pid,
+                GateRefusal::TooManyChannels,
                 &format!(
                     "CUDA process {client_pid}: it already got {channels} channels to the server (a CUDA context takes 2)"
                 ),
@@ -600,6 +617,7 @@ async fn serve_connection(stream: UnixStream, slot: Slot, serving: Serving) {
             refuse(
                 &serving,
                 client_pid,
+                GateRefusal::OverCudaProcesses,
                 &format!(
                     "CUDA process {client_pid}: the container already runs {} of its {limit} CUDA processes (gpu-mps.io/cuda-processes; running: {live:?})",
                     live.len()
@@ -611,13 +629,14 @@ async fn serve_connection(stream: UnixStream, slot: Slot, serving: Serving) {
     // Every path that ends without a channel gives the request back to the budget.
     let release = || lock(&serving.state.budget).release(process);
     let started = Instant::now();
+    let _waiting = serving.metrics.gate_connection_waits(&target.daemon);
     let mut client = client;
     let mut backoff = RETRY_FIRST;
     loop {
         // Checked again at every attempt: a retrying client must not outlive a block.
         if let Some(reason) = lock(&serving.state.blocked).clone() {
             release();
-            refuse(&serving, client_pid, &reason);
+            refuse(&serving, client_pid, GateRefusal::Blocked, &reason);
             return;
         }
         let (done_tx, done_rx) = oneshot::channel();
@@ -647,6 +666,7 @@ async fn serve_connection(stream: UnixStream, slot: Slot, serving: Serving) {
         client = returned;
         match outcome {
             Outcome::Admitted { answer_ms, acked } => {
+                serving.metrics.gate_admitted(started.elapsed());
                 lock(&serving.state.budget).confirm(process);
                 serving.state.waiting_logged.store(false, Ordering::Relaxed);
                 debug!(container = %target.container, client_pid, waited_ms = waited.as_millis() as u64, answer_ms, acked, limits_set, total_ms = started.elapsed().as_millis() as u64, "gate: client admitted");
@@ -655,7 +675,7 @@ async fn serve_connection(stream: UnixStream, slot: Slot, serving: Serving) {
             }
             Outcome::Blocked(reason) => {
                 release();
-                refuse(&serving, client_pid, &reason);
+                refuse(&serving, client_pid, GateRefusal::Blocked, &reason);
                 return;
             }
             Outcome::Answered(what) => {
@@ -674,6 +694,7 @@ async fn serve_connection(stream: UnixStream, slot: Slot, serving: Serving) {
                     refuse(
                         &serving,
                         client_pid,
+                        GateRefusal::ServerUnreachable,
                         &format!(
                             "its server could not be reached for {} s: {why}",
                             serving.timings.queue_timeout.as_secs()
@@ -722,9 +743,10 @@ async fn read_request(client: &AsyncFd<UnixStream>) -> std::io::Result<Option<Re
 /// Refuses a connection after its request: dropping it closes it, which the client reports as
 /// an error (measured: "MPS client failed to connect to the MPS control daemon or the MPS
 /// server" from CUDA, "Cannot send command to MPS control daemon process" from the control CLI).
-fn refuse(serving: &Serving, client_pid: i32, why: &str) {
+fn refuse(serving: &Serving, client_pid: i32, kind: GateRefusal, why: &str) {
     let target = &serving.target;
     serving.state.refusals.fetch_add(1, Ordering::Relaxed);
+    serving.metrics.gate_refused(kind);
     let refusal = format!("pid {client_pid}: {why}");
     let logged = lock(&serving.state.refusal_log).note(&refusal, Instant::now());
     *lock(&serving.state.last_refusal) = refusal;
