@@ -21,9 +21,10 @@ struct RegistrationArgs {
     /// containerd's main config file.
     #[arg(long = "containerd-config", default_value = reg::MAIN_CONFIG)]
     main_config: PathBuf,
-    /// The drop-in file (used on containerd 2.x).
-    #[arg(long, default_value = reg::DROP_IN)]
-    drop_in: PathBuf,
+    /// The drop-in file (used on containerd 2.x). Default: /etc/containerd/conf.d/gpu-mps.toml,
+    /// or conf.d/gpu-mps.toml next to a --containerd-config other than the system's.
+    #[arg(long)]
+    drop_in: Option<PathBuf>,
     /// The gpu-mps-shim binary the runtime entry points at.
     #[arg(long, default_value = reg::SHIM_PATH)]
     shim: PathBuf,
@@ -36,14 +37,42 @@ struct RegistrationArgs {
     /// Print the change without writing anything.
     #[arg(long)]
     dry_run: bool,
+    /// Set runc_path in the node config (--config) to the NVIDIA Container Toolkit's runtime, so
+    /// that it adds the GPU after gpu-mps-shim: auto (when the toolkit is containerd's default
+    /// runtime), yes (whenever it is found) or no. Install only; uninstall puts runc_path back.
+    #[arg(long, default_value = "auto", value_name = "auto|yes|no")]
+    chain_toolkit: reg::ChainToolkit,
 }
 
-fn register(r: &RegistrationArgs, remove: bool) -> anyhow::Result<()> {
+impl RegistrationArgs {
+    /// The system's containerd config, the one `systemctl restart containerd` reloads.
+    fn is_system_config(&self) -> bool {
+        self.main_config == Path::new(reg::MAIN_CONFIG)
+    }
+
+    /// A private config (a test's, a second containerd's) keeps its drop-in next to it: the
+    /// system's conf.d belongs to the system's containerd.
+    fn drop_in(&self) -> PathBuf {
+        match &self.drop_in {
+            Some(path) => path.clone(),
+            None if self.is_system_config() => reg::DROP_IN.into(),
+            None => self
+                .main_config
+                .parent()
+                .unwrap_or(Path::new("/"))
+                .join("conf.d/gpu-mps.toml"),
+        }
+    }
+}
+
+fn register(r: &RegistrationArgs, remove: bool, node_config: &Path) -> anyhow::Result<()> {
     let opts = reg::InstallOptions {
         main_config: r.main_config.clone(),
-        drop_in: r.drop_in.clone(),
+        drop_in: r.drop_in(),
         shim_path: r.shim.clone(),
         host_root: r.host_root.clone(),
+        node_config: node_config.to_path_buf(),
+        chain_toolkit: r.chain_toolkit,
         ..reg::InstallOptions::default()
     };
     let containerd = r.containerd.clone().or_else(|| reg::find_containerd(&opts));
@@ -68,8 +97,23 @@ fn register(r: &RegistrationArgs, remove: bool) -> anyhow::Result<()> {
     }
     if r.dry_run {
         println!("dry run: nothing written");
-    } else if outcome.needs_containerd_restart() {
-        println!("restart containerd to apply: systemctl restart containerd");
+        return Ok(());
+    }
+    if outcome.needs_containerd_restart() {
+        if r.is_system_config() {
+            println!("restart containerd to apply: systemctl restart containerd");
+        } else {
+            println!(
+                "containerd reads {} only at its start: restart the containerd that uses it to apply",
+                r.main_config.display()
+            );
+        }
+    }
+    if outcome.node_config_changed {
+        println!(
+            "{} changed: restart gpu-mps-manager to apply (systemctl restart gpu-mps-manager, or the gpu-mps DaemonSet's pod)",
+            node_config.display()
+        );
     }
     Ok(())
 }
@@ -230,10 +274,10 @@ fn status(args: &Args, config: &NodeConfig) -> anyhow::Result<StatusView> {
 fn run(args: Args) -> anyhow::Result<ExitCode> {
     match &args.command {
         Command::InstallContainerd { registration } => {
-            return register(registration, false).map(|()| ExitCode::SUCCESS);
+            return register(registration, false, &args.config).map(|()| ExitCode::SUCCESS);
         }
         Command::UninstallContainerd { registration } => {
-            return register(registration, true).map(|()| ExitCode::SUCCESS);
+            return register(registration, true, &args.config).map(|()| ExitCode::SUCCESS);
         }
         // Before the config is loaded: an invalid config is one of its findings.
         Command::Doctor { doctor: d } => return doctor(&args, d),
