@@ -513,6 +513,70 @@ fn debug_logs_what_the_shim_did_to_stderr() {
     );
 }
 
+/// With a runc `--log` (containerd always passes one), debug lines go there as runc's own debug
+/// lines do, never to stderr: runc's stderr on `create` is the container's, so they would land,
+/// host paths and all, in every container's log.
+#[test]
+fn debug_goes_to_the_runc_log_never_to_stderr() {
+    for (case, expected) in [
+        ("env-index", "rewrite: GPUs GPU-9e2f7c3d"),
+        ("pause", "passthrough: sandbox container"),
+    ] {
+        let f = Fixture::new(case);
+        let mut cmd = f.command(SHIM);
+        let log = f.log().to_str().unwrap().to_string();
+        cmd.args([
+            "--log",
+            &log,
+            "--log-format",
+            "json",
+            "create",
+            "--bundle",
+            &f.bundle_arg(),
+            "id",
+        ])
+        .env("GPU_MPS_SHIM_DEBUG", "1");
+        let out = spawn(cmd);
+        assert!(out.status.success(), "{case}: {}", stderr(&out));
+        assert!(
+            !stderr(&out).contains("gpu-mps-shim"),
+            "{case}: debug on stderr: {}",
+            stderr(&out)
+        );
+        let text = fs::read_to_string(f.log()).unwrap_or_default();
+        let lines: Vec<Value> = text.lines().map(|l| serde_json::from_str(l).unwrap()).collect();
+        assert!(
+            lines
+                .iter()
+                .any(|l| l["level"] == "debug" && l["msg"].as_str().is_some_and(|m| m.contains(expected))),
+            "{case}: no debug line with {expected:?} in the runc log: {text}"
+        );
+        for l in &lines {
+            assert_rfc3339(l["time"].as_str().unwrap());
+        }
+    }
+    // The text format too, as logrus writes it.
+    let f = Fixture::new("pause");
+    let log = f.log().to_str().unwrap().to_string();
+    let out = f.run(&[
+        "--debug",
+        "--log",
+        &log,
+        "create",
+        "--bundle",
+        &f.bundle_arg(),
+        "id",
+    ]);
+    assert!(out.status.success());
+    assert!(!stderr(&out).contains("gpu-mps-shim"), "{}", stderr(&out));
+    let text = fs::read_to_string(f.log()).unwrap();
+    assert!(
+        text.lines()
+            .any(|l| l.contains("level=debug") && l.contains("passthrough: sandbox container")),
+        "{text}"
+    );
+}
+
 /// `2026-12-03T08:20:00Z`: what Go's time.Time accepts when containerd decodes the log line.
 fn assert_rfc3339(time: &str) {
     let b = time.as_bytes();
