@@ -201,7 +201,7 @@ fn explain(bundle: &Path, config: &NodeConfig, inventory_path: &Path) -> anyhow:
 /// manager sees them; `explain` shows how gpu-mps-shim would rewrite a container's bundle;
 /// `doctor` checks what the node needs.
 #[derive(Debug, Parser)]
-#[command(name = "gpu-mps", version, about, long_about)]
+#[command(name = "gpu-mps", version, about, long_about, after_help = EXAMPLES)]
 struct Args {
     /// Node config file (for the manager's socket and root).
     #[arg(long, global = true, env = node_config::CONFIG_ENV, default_value = node_config::DEFAULT_CONFIG_PATH)]
@@ -233,6 +233,10 @@ enum Command {
     /// Register the `gpu-mps` runtime handler with containerd (1.6, 1.7, 2.x): copies the runc
     /// entry's options, sets BinaryName to gpu-mps-shim, checks the result with
     /// `containerd config dump`. Idempotent. containerd must be restarted afterwards.
+    #[command(after_help = "Examples:
+  gpu-mps install-containerd --dry-run
+  gpu-mps install-containerd --chain-toolkit=yes     (runc_path = the NVIDIA toolkit's runtime, docs/gpu-paths.md)
+  gpu-mps install-containerd --containerd-config /tmp/ctd/config.toml --containerd /usr/bin/containerd")]
     InstallContainerd {
         #[command(flatten)]
         registration: RegistrationArgs,
@@ -264,6 +268,14 @@ enum Command {
         inventory: Option<PathBuf>,
     },
 }
+
+const EXAMPLES: &str = "\
+Examples:
+  gpu-mps status
+  gpu-mps leases --json
+  gpu-mps install-containerd --dry-run
+  gpu-mps doctor
+  gpu-mps explain /run/containerd/io.containerd.runtime.v2.task/k8s.io/<container-id>";
 
 fn status(args: &Args, config: &NodeConfig) -> anyhow::Result<StatusView> {
     let socket = args.socket.clone().unwrap_or_else(|| config.manager_socket());

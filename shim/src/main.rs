@@ -32,7 +32,11 @@ Register it as a runtime handler of containerd's runc shim, e.g. (config version
     [plugins.\"io.containerd.grpc.v1.cri\".containerd.runtimes.gpu-mps.options]
       BinaryName = \"/usr/local/bin/gpu-mps-shim\"
 (config version 3: plugins.\"io.containerd.cri.v1.runtime\".containerd.runtimes.gpu-mps), and run
-pods with runtimeClassName: gpu-mps. With ctr: ctr run --runc-binary /usr/local/bin/gpu-mps-shim ...
+pods with runtimeClassName: gpu-mps.
+
+Example (by hand, through ctr):
+  ctr run --runc-binary /usr/local/bin/gpu-mps-shim --env NVIDIA_VISIBLE_DEVICES=0 \\
+    --annotation gpu-mps.io/memory-limit=4Gi docker.io/library/debian:12 demo env
 
 Limits: pod annotations gpu-mps.io/memory-limit (e.g. 4Gi, the total of the container's CUDA
 processes), gpu-mps.io/active-thread-percentage (1-100) and gpu-mps.io/cuda-processes (1-48),

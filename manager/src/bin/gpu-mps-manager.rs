@@ -24,7 +24,7 @@ use gpu_mps_manager::{node_guard, server};
 /// hostPID DaemonSet). State lives under `root` (default /run/gpu-mps) and survives a restart:
 /// running daemons and leases are adopted, running clients are never touched.
 #[derive(Debug, Parser)]
-#[command(version, about, long_about)]
+#[command(version, about, long_about, after_help = EXAMPLE)]
 struct Args {
     /// Node config file.
     #[arg(long, env = node_config::CONFIG_ENV, default_value = node_config::DEFAULT_CONFIG_PATH)]
@@ -44,6 +44,12 @@ struct Args {
     #[arg(long, hide = true, value_name = "FILE", requires = "gate_keeper")]
     gate_keeper_log: Option<PathBuf>,
 }
+
+const EXAMPLE: &str = "\
+Examples:
+  gpu-mps-manager --config /etc/gpu-mps/config.toml         (what gpu-mps-manager.service runs)
+  GPU_MPS_LOG=debug gpu-mps-manager --log-format json       (every lease and refusal, as JSON)
+Then `gpu-mps status` shows its GPUs, daemons and leases.";
 
 fn init_logging(format: &str) {
     let filter = tracing_subscriber::EnvFilter::try_from_env("GPU_MPS_LOG")
