@@ -577,6 +577,34 @@ fn debug_goes_to_the_runc_log_never_to_stderr() {
     );
 }
 
+/// A bad annotation is the pod's to fix whatever state the node is in: it is reported before the
+/// node's files are read, so a node whose manager never ran (no inventory) still tells the pod
+/// what is wrong with it, and every bad field at once.
+#[test]
+fn bad_annotations_are_reported_even_when_the_manager_is_down_and_all_at_once() {
+    let f = Fixture::new("error-memory-unknown-suffix");
+    fs::remove_file(f.inventory()).unwrap();
+    let spec = fs::read_to_string(f.config_json()).unwrap().replace(
+        "\"gpu-mps.io/active-thread-percentage\": \"25\"",
+        "\"gpu-mps.io/active-thread-percentage\": \"250\"",
+    );
+    fs::write(f.config_json(), spec).unwrap();
+    let out = f.create_with_json_log();
+    assert!(!out.status.success());
+    let err = stderr(&out);
+    assert!(
+        !err.contains("inventory"),
+        "the missing inventory hid the annotation: {err}"
+    );
+    assert!(
+        err.contains("gpu-mps.io/memory-limit=\"4GB\"")
+            && err.contains("gpu-mps.io/active-thread-percentage=\"250\""),
+        "not every bad annotation is named: {err}"
+    );
+    assert_eq!(err.trim_end().lines().count(), 1, "{err}");
+    assert_eq!(f.runc_argv(), None, "runc ran");
+}
+
 /// `2026-12-03T08:20:00Z`: what Go's time.Time accepts when containerd decodes the log line.
 fn assert_rfc3339(time: &str) {
     let b = time.as_bytes();
