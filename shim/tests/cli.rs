@@ -605,6 +605,33 @@ fn bad_annotations_are_reported_even_when_the_manager_is_down_and_all_at_once() 
     assert_eq!(f.runc_argv(), None, "runc ran");
 }
 
+/// On a node whose manager found no NVIDIA driver (its `nvml-error` next to the inventory), a GPU
+/// container is told that, in the runc log containerd hands to kubelet.
+#[test]
+fn a_node_without_the_driver_tells_the_pod_so() {
+    let f = Fixture::new("env-index");
+    fs::remove_file(f.inventory()).unwrap();
+    fs::write(
+        f.root().join("nvml-error"),
+        "NVML: loading libnvidia-ml.so.1 (is the NVIDIA driver installed?): a libloading error occurred\n",
+    )
+    .unwrap();
+    let out = f.create_with_json_log();
+    assert!(!out.status.success());
+    let log = fs::read_to_string(f.log()).unwrap();
+    let last: Value = serde_json::from_str(log.lines().last().unwrap()).unwrap();
+    let msg = last["msg"].as_str().unwrap();
+    assert!(
+        msg.contains("no usable NVIDIA driver") && !msg.contains("not running"),
+        "{msg}"
+    );
+    assert_eq!(f.runc_argv(), None, "runc ran");
+    // A container without a GPU still runs there.
+    let f = Fixture::new("cpu-none");
+    fs::write(f.root().join("nvml-error"), "NVML: no driver\n").unwrap();
+    assert!(f.create_with_json_log().status.success());
+}
+
 /// `2026-12-03T08:20:00Z`: what Go's time.Time accepts when containerd decodes the log line.
 fn assert_rfc3339(time: &str) {
     let b = time.as_bytes();
