@@ -657,6 +657,22 @@ mod tests {
     }
 
     #[test]
+    fn chaining_the_shipped_node_config_keeps_it_valid_and_round_trips() {
+        let shipped = include_str!("../../../packaging/config.toml");
+        let path = Path::new(NODE_CONFIG);
+        let runtime = Path::new("/usr/local/nvidia/toolkit/nvidia-container-runtime");
+        let chained = chain_node_config(Some(shipped), runtime, path).expect("chain");
+        let config = gpu_mps_api::NodeConfig::from_toml(&chained, path).expect("valid node config");
+        assert_eq!(config.runc_path, runtime);
+        let plain = gpu_mps_api::NodeConfig::from_toml(shipped, path).expect("shipped config");
+        assert_eq!(config.policy, plain.policy);
+        assert_eq!(
+            unchain_node_config(&chained, path).expect("unchain"),
+            Unchain::Write(shipped.to_owned())
+        );
+    }
+
+    #[test]
     fn chaining_the_node_config_round_trips() {
         let path = Path::new(NODE_CONFIG);
         let runtime = Path::new("/usr/bin/nvidia-container-runtime");
