@@ -92,6 +92,9 @@ fn register(r: &RegistrationArgs, remove: bool, node_config: &Path) -> anyhow::R
         return Ok(());
     }
     print!("{}", outcome.plan.diff());
+    if let Some(chained) = &outcome.chained {
+        println!("{chained}");
+    }
     for b in &outcome.backups {
         println!("backup: {}", b.display());
     }

@@ -48,7 +48,7 @@ pub use effective::{check_effective, check_removed};
 pub use imports::glob_match;
 pub use plan::{ExistingFiles, FileChange, InstallPlan, detect_version, plan_install, plan_uninstall};
 pub use toolkit::{
-    ChainDecision, ChainToolkit, TOOLKIT_BINARY, ToolkitFacts, ToolkitRuntime, decide_chain,
+    ChainDecision, ChainPlan, ChainToolkit, TOOLKIT_BINARY, ToolkitFacts, ToolkitRuntime, decide_chain,
     find_toolkit_binary, plan_chain, plan_unchain, toolkit_runtimes,
 };
 
@@ -236,6 +236,8 @@ pub struct Outcome {
     /// The node config changed (runc_path chained or put back): gpu-mps-manager publishes it
     /// only at its start.
     pub node_config_changed: bool,
+    /// Install chained gpu-mps-shim to the NVIDIA Container Toolkit: what and why, one line.
+    pub chained: Option<String>,
 }
 
 impl Outcome {
@@ -285,9 +287,10 @@ pub fn install(
     let existing = ExistingFiles::read(&opts)?;
     let mut plan = plan_install(&existing, &opts)?;
     let facts = gather_toolkit(&opts, containerd, existing.main.as_deref());
-    let (chain, chain_note) = plan_chain(existing.node_config.as_deref(), &facts, &opts)?;
-    let node_config_changed = push_node_config(&mut plan, chain);
-    plan.notes.extend(chain_note);
+    let chain = plan_chain(existing.node_config.as_deref(), &facts, &opts)?;
+    let node_config_changed = push_node_config(&mut plan, chain.change);
+    plan.notes.extend(chain.warning);
+    let chained = chain.chained;
     let mut warnings = plan.notes.clone();
     if dry_run {
         return Ok(Outcome {
@@ -296,6 +299,7 @@ pub fn install(
             verified: false,
             warnings,
             node_config_changed,
+            chained,
         });
     }
     let applied = apply(&plan)?;
@@ -323,6 +327,7 @@ pub fn install(
         verified,
         warnings,
         node_config_changed,
+        chained,
     })
 }
 
@@ -344,6 +349,7 @@ pub fn uninstall(
             verified: false,
             warnings: Vec::new(),
             node_config_changed,
+            chained: None,
         });
     }
     let applied = apply(&plan)?;
@@ -377,6 +383,7 @@ pub fn uninstall(
         verified,
         warnings,
         node_config_changed,
+        chained: None,
     })
 }
 
@@ -448,9 +455,14 @@ mod tests {
         );
         assert!(
             outcome
-                .warnings
-                .iter()
-                .any(|w| w.contains("restart gpu-mps-manager")),
+                .chained
+                .as_deref()
+                .is_some_and(|c| c.contains("containerd's default runtime is the NVIDIA Container Toolkit's")),
+            "{:?}",
+            outcome.chained
+        );
+        assert!(
+            !outcome.warnings.iter().any(|w| w.contains("Toolkit")),
             "{:?}",
             outcome.warnings
         );

@@ -333,13 +333,24 @@ pub fn unchain_node_config(text: &str, path: &Path) -> Result<Unchain, Registrat
     })
 }
 
+/// What install does about the toolkit, for its plan and its output.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ChainPlan {
+    /// The node config change, if any.
+    pub change: Option<FileChange>,
+    /// Chained: what and why, one line.
+    pub chained: Option<String>,
+    /// Not chained though it may matter: what that means and how to chain, one line.
+    pub warning: Option<String>,
+}
+
 /// The node config change chaining makes, if any, and what to tell the administrator.
 /// `node_config`: its current text (`None`: no file).
 pub fn plan_chain(
     node_config: Option<&str>,
     facts: &ToolkitFacts,
     opts: &InstallOptions,
-) -> Result<(Option<FileChange>, Option<String>), RegistrationError> {
+) -> Result<ChainPlan, RegistrationError> {
     let path = &opts.node_config;
     let runc_path = match node_config {
         Some(text) => runc_path_from_toml(text).map_err(|message| RegistrationError::Parse {
@@ -349,23 +360,28 @@ pub fn plan_chain(
         None => None,
     };
     match decide_chain(facts, opts.chain_toolkit, runc_path.as_deref(), path)? {
-        ChainDecision::Leave { note } => Ok((None, note)),
+        ChainDecision::Leave { note } => Ok(ChainPlan {
+            change: None,
+            chained: None,
+            warning: note,
+        }),
         ChainDecision::Chain { runtime, why } => {
             let contents = chain_node_config(node_config, &runtime, path)?;
-            let note = format!(
-                "{why}: runc_path = {:?} in {}, so that the toolkit gives each gpu-mps container its GPU after gpu-mps-shim; restart gpu-mps-manager to apply",
+            let chained = format!(
+                "chained to the NVIDIA Container Toolkit: runc_path = {:?} in {}, so that it gives each gpu-mps container its GPU after gpu-mps-shim ({why})",
                 runtime.display().to_string(),
                 path.display()
             );
-            Ok((
-                Some(FileChange::Write {
+            Ok(ChainPlan {
+                change: Some(FileChange::Write {
                     path: opts.on_host(path),
                     previous: node_config.map(str::to_owned),
                     contents,
                     backup: node_config.is_some(),
                 }),
-                Some(note),
-            ))
+                chained: Some(chained),
+                warning: None,
+            })
         }
     }
 }

@@ -178,9 +178,10 @@ async fn install_chains_the_default_toolkit_runtime_and_every_container_goes_thr
         &[&["install-containerd"], &registration[..]].concat(),
     )?;
     ensure!(
-        out.contains("restart gpu-mps-manager"),
-        "install did not say the manager needs a restart: {out}"
+        out.contains("chained to the NVIDIA Container Toolkit") && out.contains("restart gpu-mps-manager"),
+        "install did not say it chained and that the manager needs a restart: {out}"
     );
+    ensure!(!out.contains("warning"), "install warned: {out}");
     let chained = NodeConfig::load(&node_config)?;
     ensure!(
         chained.runc_path == stand_in.binary,
