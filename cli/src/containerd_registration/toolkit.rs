@@ -586,6 +586,17 @@ mod tests {
             "{n}"
         );
         assert!(!n.contains('\n'), "{n}");
+        // The same in the version 2 layout: the GPU Operator's entry, runc left the default.
+        let v2_opt_in = V2_OPERATOR.replace(
+            "default_runtime_name = \"nvidia\"",
+            "default_runtime_name = \"runc\"",
+        );
+        assert_eq!(
+            toolkit_runtimes(&v2_opt_in).iter().filter(|r| r.default).count(),
+            0
+        );
+        let d = decide(&v2_opt_in, None, ChainToolkit::Auto, None);
+        assert!(note(&d).contains("not containerd's default runtime"), "{d:?}");
         // The binary alone, no containerd entry, is the same case.
         let d = decide(
             V2_PLAIN,
