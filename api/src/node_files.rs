@@ -20,6 +20,10 @@ pub enum NodeFileError {
         "the GPU inventory {path} does not exist: gpu-mps-manager publishes it when it starts and is probably not running (systemctl status gpu-mps-manager)"
     )]
     InventoryMissing { path: PathBuf },
+    #[error(
+        "this node has no usable NVIDIA driver: gpu-mps-manager could not load NVML ({reason}; recorded in {path}), so no GPU container can run here: install or repair the driver until nvidia-smi works, then restart gpu-mps-manager, or keep GPU pods off this node"
+    )]
+    NoDriver { path: PathBuf, reason: String },
     #[error("cannot read the GPU inventory {path}: {source}")]
     InventoryRead { path: PathBuf, source: io::Error },
     #[error("the GPU inventory {path} is not valid: {message} (gpu-mps-manager rewrites it when it starts)")]
@@ -97,7 +101,23 @@ pub fn load_config(path: &Path) -> Result<NodeConfig, NodeFileError> {
     Ok(NodeConfig::load(path)?)
 }
 
+/// Written by gpu-mps-manager next to the inventory when NVML does not load (no NVIDIA driver, or
+/// a library that does not match the kernel module), with NVML's reason on one line; removed at
+/// a start where NVML loads. It is how the shim, which never loads NVML, tells a pod that the node
+/// has no driver rather than that the manager is not running.
+pub const NVML_ERROR_FILE: &str = "nvml-error";
+
+/// The inventory at `path`. When the manager's last start found no driver (its NVML error file
+/// next to `path`), that is the error: any inventory there is from before and names GPUs that
+/// cannot be used.
 pub fn load_inventory(path: &Path) -> Result<Inventory, NodeFileError> {
+    let nvml_error = path.with_file_name(NVML_ERROR_FILE);
+    if let Ok(reason) = fs::read_to_string(&nvml_error) {
+        return Err(NodeFileError::NoDriver {
+            path: nvml_error,
+            reason: crate::message::one_line(reason.trim()),
+        });
+    }
     let text = fs::read_to_string(path).map_err(|source| match source.kind() {
         io::ErrorKind::NotFound => NodeFileError::InventoryMissing {
             path: path.to_path_buf(),
@@ -151,6 +171,32 @@ mod tests {
         fs::write(c.published_path(), "{").unwrap();
         let e = load_effective_config(&path).unwrap_err().to_string();
         assert!(e.contains("node-config.json") && e.contains("restart"), "{e}");
+    }
+
+    #[test]
+    fn a_node_without_a_driver_says_so_not_that_the_manager_is_down() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("inventory.json");
+        fs::write(
+            dir.path().join(NVML_ERROR_FILE),
+            "NVML: loading libnvidia-ml.so.1 (is the NVIDIA driver installed?): a libloading error occurred\n",
+        )
+        .unwrap();
+        for inventory in [None, Some(r#"{"source":"nvml","gpus":[]}"#)] {
+            if let Some(text) = inventory {
+                fs::write(&path, text).unwrap();
+            }
+            let e = load_inventory(&path).unwrap_err().to_string();
+            assert!(
+                e.contains("no usable NVIDIA driver")
+                    && e.contains("libnvidia-ml.so.1")
+                    && !e.contains("not running"),
+                "{e}"
+            );
+            assert!(!e.contains('\n'), "{e}");
+        }
+        fs::remove_file(dir.path().join(NVML_ERROR_FILE)).unwrap();
+        assert!(load_inventory(&path).is_ok());
     }
 
     #[test]

@@ -21,9 +21,10 @@ struct RegistrationArgs {
     /// containerd's main config file.
     #[arg(long = "containerd-config", default_value = reg::MAIN_CONFIG)]
     main_config: PathBuf,
-    /// The drop-in file (used on containerd 2.x).
-    #[arg(long, default_value = reg::DROP_IN)]
-    drop_in: PathBuf,
+    /// The drop-in file (used on containerd 2.x). Default: /etc/containerd/conf.d/gpu-mps.toml,
+    /// or conf.d/gpu-mps.toml next to a --containerd-config other than the system's.
+    #[arg(long)]
+    drop_in: Option<PathBuf>,
     /// The gpu-mps-shim binary the runtime entry points at.
     #[arg(long, default_value = reg::SHIM_PATH)]
     shim: PathBuf,
@@ -36,14 +37,42 @@ struct RegistrationArgs {
     /// Print the change without writing anything.
     #[arg(long)]
     dry_run: bool,
+    /// Set runc_path in the node config (--config) to the NVIDIA Container Toolkit's runtime, so
+    /// that it adds the GPU after gpu-mps-shim: auto (when the toolkit is containerd's default
+    /// runtime), yes (whenever it is found) or no. Install only; uninstall puts runc_path back.
+    #[arg(long, default_value = "auto", value_name = "auto|yes|no")]
+    chain_toolkit: reg::ChainToolkit,
 }
 
-fn register(r: &RegistrationArgs, remove: bool) -> anyhow::Result<()> {
+impl RegistrationArgs {
+    /// The system's containerd config, the one `systemctl restart containerd` reloads.
+    fn is_system_config(&self) -> bool {
+        self.main_config == Path::new(reg::MAIN_CONFIG)
+    }
+
+    /// A private config (a test's, a second containerd's) keeps its drop-in next to it: the
+    /// system's conf.d belongs to the system's containerd.
+    fn drop_in(&self) -> PathBuf {
+        match &self.drop_in {
+            Some(path) => path.clone(),
+            None if self.is_system_config() => reg::DROP_IN.into(),
+            None => self
+                .main_config
+                .parent()
+                .unwrap_or(Path::new("/"))
+                .join("conf.d/gpu-mps.toml"),
+        }
+    }
+}
+
+fn register(r: &RegistrationArgs, remove: bool, node_config: &Path) -> anyhow::Result<()> {
     let opts = reg::InstallOptions {
         main_config: r.main_config.clone(),
-        drop_in: r.drop_in.clone(),
+        drop_in: r.drop_in(),
         shim_path: r.shim.clone(),
         host_root: r.host_root.clone(),
+        node_config: node_config.to_path_buf(),
+        chain_toolkit: r.chain_toolkit,
         ..reg::InstallOptions::default()
     };
     let containerd = r.containerd.clone().or_else(|| reg::find_containerd(&opts));
@@ -63,13 +92,31 @@ fn register(r: &RegistrationArgs, remove: bool) -> anyhow::Result<()> {
         return Ok(());
     }
     print!("{}", outcome.plan.diff());
+    if let Some(chained) = &outcome.chained {
+        println!("{chained}");
+    }
     for b in &outcome.backups {
         println!("backup: {}", b.display());
     }
     if r.dry_run {
         println!("dry run: nothing written");
-    } else if outcome.needs_containerd_restart() {
-        println!("restart containerd to apply: systemctl restart containerd");
+        return Ok(());
+    }
+    if outcome.needs_containerd_restart() {
+        if r.is_system_config() {
+            println!("restart containerd to apply: systemctl restart containerd");
+        } else {
+            println!(
+                "containerd reads {} only at its start: restart the containerd that uses it to apply",
+                r.main_config.display()
+            );
+        }
+    }
+    if outcome.node_config_changed {
+        println!(
+            "{} changed: restart gpu-mps-manager to apply (systemctl restart gpu-mps-manager, or the gpu-mps DaemonSet's pod)",
+            node_config.display()
+        );
     }
     Ok(())
 }
@@ -157,7 +204,7 @@ fn explain(bundle: &Path, config: &NodeConfig, inventory_path: &Path) -> anyhow:
 /// manager sees them; `explain` shows how gpu-mps-shim would rewrite a container's bundle;
 /// `doctor` checks what the node needs.
 #[derive(Debug, Parser)]
-#[command(name = "gpu-mps", version, about, long_about)]
+#[command(name = "gpu-mps", version, about, long_about, after_help = EXAMPLES)]
 struct Args {
     /// Node config file (for the manager's socket and root).
     #[arg(long, global = true, env = node_config::CONFIG_ENV, default_value = node_config::DEFAULT_CONFIG_PATH)]
@@ -189,6 +236,10 @@ enum Command {
     /// Register the `gpu-mps` runtime handler with containerd (1.6, 1.7, 2.x): copies the runc
     /// entry's options, sets BinaryName to gpu-mps-shim, checks the result with
     /// `containerd config dump`. Idempotent. containerd must be restarted afterwards.
+    #[command(after_help = "Examples:
+  gpu-mps install-containerd --dry-run
+  gpu-mps install-containerd --chain-toolkit=yes     (runc_path = the NVIDIA toolkit's runtime, docs/gpu-paths.md)
+  gpu-mps install-containerd --containerd-config /tmp/ctd/config.toml --containerd /usr/bin/containerd")]
     InstallContainerd {
         #[command(flatten)]
         registration: RegistrationArgs,
@@ -221,6 +272,14 @@ enum Command {
     },
 }
 
+const EXAMPLES: &str = "\
+Examples:
+  gpu-mps status
+  gpu-mps leases --json
+  gpu-mps install-containerd --dry-run
+  gpu-mps doctor
+  gpu-mps explain /run/containerd/io.containerd.runtime.v2.task/k8s.io/<container-id>";
+
 fn status(args: &Args, config: &NodeConfig) -> anyhow::Result<StatusView> {
     let socket = args.socket.clone().unwrap_or_else(|| config.manager_socket());
     let conn = ManagerConnection::connect_once(&socket, Duration::from_secs(5))?;
@@ -230,10 +289,10 @@ fn status(args: &Args, config: &NodeConfig) -> anyhow::Result<StatusView> {
 fn run(args: Args) -> anyhow::Result<ExitCode> {
     match &args.command {
         Command::InstallContainerd { registration } => {
-            return register(registration, false).map(|()| ExitCode::SUCCESS);
+            return register(registration, false, &args.config).map(|()| ExitCode::SUCCESS);
         }
         Command::UninstallContainerd { registration } => {
-            return register(registration, true).map(|()| ExitCode::SUCCESS);
+            return register(registration, true, &args.config).map(|()| ExitCode::SUCCESS);
         }
         // Before the config is loaded: an invalid config is one of its findings.
         Command::Doctor { doctor: d } => return doctor(&args, d),

@@ -433,6 +433,7 @@ fn installed(text: &str, major: Option<u32>, placement: Placement) -> (ExistingF
     let original = ExistingFiles {
         main: Some(text.to_owned()),
         drop_in: None,
+        node_config: None,
     };
     let plan = plan_install(&original, &opts).unwrap_or_else(|e| panic!("install: {e}\n{text}"));
     assert_eq!(plan.placement, Some(placement), "{text}");

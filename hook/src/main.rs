@@ -24,11 +24,18 @@ use thiserror::Error;
 /// and releases it (poststop). runc runs it with the container's OCI state on stdin; gpu-mps-shim
 /// writes its arguments into the container's config.json. Not meant to be run by hand.
 #[derive(Debug, Parser)]
-#[command(version, about, long_about)]
+#[command(version, about, long_about, after_help = EXAMPLE)]
 struct Args {
     #[command(subcommand)]
     stage: Stage,
 }
+
+const EXAMPLE: &str = "\
+Example (what gpu-mps-shim writes into config.json, and runc runs with the OCI state on stdin):
+  gpu-mps-hook create-runtime --socket=/run/gpu-mps/manager.sock --timeout-seconds=10 \\
+    --gpus=GPU-9e2f7c3d-0b4a-41e6-8d5c-2a7b9f1e3d02 --memory-limit-bytes=4294967296 \\
+    --active-thread-percentage=25 --namespace=team-a --pod=infer --container-name=infer
+  gpu-mps-hook poststop --socket=/run/gpu-mps/manager.sock --gate-dir=/run/gpu-mps/gates/4844287073c56bf2";
 
 #[derive(Debug, Subcommand)]
 enum Stage {

@@ -5,6 +5,7 @@ use std::path::{Path, PathBuf};
 use std::sync::Mutex;
 
 use gpu_mps_api::inventory::{GpuInfo, Inventory};
+pub use gpu_mps_api::node_files::NVML_ERROR_FILE;
 use nvml_wrapper::Nvml;
 use nvml_wrapper::enum_wrappers::device::ComputeMode;
 use thiserror::Error;
@@ -24,6 +25,27 @@ pub enum GpuBackendError {
     UnknownGpu(String),
     #[error("{0:?} is not a compute mode (Default, ExclusiveProcess, Prohibited)")]
     UnknownMode(String),
+}
+
+/// Leaves NVML's reason where the shim looks when it reads the inventory
+/// (`<root>/nvml-error`), so that a GPU pod on a node without a usable driver is told that, not
+/// that the manager is not running.
+pub fn record_nvml_failure(root: &Path, error: &GpuBackendError) -> std::io::Result<()> {
+    let line = format!("{}\n", gpu_mps_api::message::one_line(&error.to_string()));
+    gpu_mps_api::files::replace_file(
+        &root.join(NVML_ERROR_FILE),
+        line.as_bytes(),
+        gpu_mps_api::files::FileMode::Set(0o644),
+        gpu_mps_api::files::Durability::Volatile,
+    )
+}
+
+/// Removes what [`record_nvml_failure`] left: NVML loads now.
+pub fn clear_nvml_failure(root: &Path) -> std::io::Result<()> {
+    match std::fs::remove_file(root.join(NVML_ERROR_FILE)) {
+        Err(e) if e.kind() != std::io::ErrorKind::NotFound => Err(e),
+        _ => Ok(()),
+    }
 }
 
 pub trait GpuBackend: Send + Sync {

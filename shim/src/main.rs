@@ -32,14 +32,19 @@ Register it as a runtime handler of containerd's runc shim, e.g. (config version
     [plugins.\"io.containerd.grpc.v1.cri\".containerd.runtimes.gpu-mps.options]
       BinaryName = \"/usr/local/bin/gpu-mps-shim\"
 (config version 3: plugins.\"io.containerd.cri.v1.runtime\".containerd.runtimes.gpu-mps), and run
-pods with runtimeClassName: gpu-mps. With ctr: ctr run --runc-binary /usr/local/bin/gpu-mps-shim ...
+pods with runtimeClassName: gpu-mps.
+
+Example (by hand, through ctr):
+  ctr run --runc-binary /usr/local/bin/gpu-mps-shim --env NVIDIA_VISIBLE_DEVICES=0 \\
+    --annotation gpu-mps.io/memory-limit=4Gi docker.io/library/debian:12 demo env
 
 Limits: pod annotations gpu-mps.io/memory-limit (e.g. 4Gi, the total of the container's CUDA
 processes), gpu-mps.io/active-thread-percentage (1-100) and gpu-mps.io/cuda-processes (1-48),
 <container-name>.gpu-mps.io/... for one container, else the node default.
 Node config: the one gpu-mps-manager published (<root>/node-config.json), else /etc/gpu-mps/config.toml
 (or $GPU_MPS_CONFIG); runc_path there names the real runc.
-Debug: GPU_MPS_SHIM_DEBUG=1 or runc's --debug logs what the shim does to stderr.
+Debug: GPU_MPS_SHIM_DEBUG=1 or runc's --debug logs what the shim does to runc's --log file
+(<bundle>/log.json under containerd), or to stderr when runc was given no --log.
 ";
 
 fn main() -> ExitCode {
@@ -175,7 +180,7 @@ fn shell_words(args: &[OsString]) -> String {
 }
 
 /// Where the shim's messages go: errors to runc's `--log` file (which containerd reads back)
-/// and stderr, debug lines to stderr.
+/// and stderr, debug lines to the `--log` file (stderr without one).
 struct Reporter {
     log: Option<PathBuf>,
     format: LogFormat,
@@ -191,9 +196,20 @@ impl Reporter {
         }
     }
 
+    /// To runc's `--log` file when there is one: runc's stderr on `create` is the container's
+    /// own, so a debug line there would land, host paths and all, in the container's log.
+    /// Without `--log` (a run by hand), to stderr.
     fn debug(&self, message: impl Display) {
-        if self.debug {
-            eprintln!("gpu-mps-shim: {message}");
+        if !self.debug {
+            return;
+        }
+        let line = format!("gpu-mps-shim: {message}");
+        match &self.log {
+            Some(log) => {
+                // A log that cannot be written loses the debug line, never the container.
+                let _ = runc_log::append_debug(log, self.format, &line, SystemTime::now());
+            }
+            None => eprintln!("{line}"),
         }
     }
 

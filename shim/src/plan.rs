@@ -78,6 +78,11 @@ pub fn parse_spec(text: &str) -> Result<ParsedSpec, ShimError> {
     let devices = gpu_devices::requested(fields)?;
     if devices.is_none() {
         allocation::require_gpu_for_units(&annotations)?;
+    } else {
+        // Before the node config and the inventory are read (a node whose manager is down must
+        // still tell the pod what is wrong with its annotations), and every bad one at once.
+        let container_name = CriIdentity::from_annotations(&annotations).container_name;
+        request::check_annotations(&annotations, &container_name)?;
     }
     let passthrough_reason = devices.is_none().then(|| gpu_devices::no_gpu_reason(fields));
     Ok(ParsedSpec {

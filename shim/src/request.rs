@@ -11,8 +11,8 @@ use std::fmt;
 use std::path::PathBuf;
 
 use gpu_mps_api::annotations::{
-    self, ACTIVE_THREAD_PERCENTAGE, CRI_CONTAINER_NAME, CRI_SANDBOX_NAME, CRI_SANDBOX_NAMESPACE,
-    CUDA_PROCESSES, MEMORY_LIMIT,
+    self, ACTIVE_THREAD_PERCENTAGE, ALLOCATED_UNITS, CRI_CONTAINER_NAME, CRI_SANDBOX_NAME,
+    CRI_SANDBOX_NAMESPACE, CUDA_PROCESSES, MEMORY_LIMIT,
 };
 use gpu_mps_api::limits::{self, LimitError};
 use gpu_mps_api::maxima::{Maxima, MaximaError};
@@ -146,6 +146,8 @@ pub enum RequestError {
         container_hint: String,
         config_key: &'static str,
     },
+    #[error("{} gpu-mps annotations are invalid: {}", .0.len(), join_errors(.0))]
+    SeveralInvalid(Vec<RequestError>),
     #[error("{0}")]
     AboveMaximum(MaximaError),
     #[error(
@@ -159,6 +161,64 @@ pub enum RequestError {
         max_clients: u32,
         key: &'static str,
     },
+}
+
+fn join_errors(errors: &[RequestError]) -> String {
+    errors
+        .iter()
+        .map(ToString::to_string)
+        .collect::<Vec<_>>()
+        .join("; ")
+}
+
+/// Checks every limit annotation the container has (its container-level ones and the pod-level
+/// ones), before anything of the node is read: a bad value is the pod's to fix whatever state the
+/// node is in, and the pod learns of every bad one at once. Under a device plugin allocation the
+/// memory comes from the units, so a memory-limit annotation is not read (nor checked).
+pub fn check_annotations(
+    annotations: &HashMap<String, String>,
+    container_name: &str,
+) -> Result<(), RequestError> {
+    let mut errors = Vec::new();
+    if !annotations.contains_key(ALLOCATED_UNITS) {
+        check_field(&MEMORY, annotations, container_name, &mut errors);
+    }
+    check_field(&THREADS, annotations, container_name, &mut errors);
+    check_field(&PROCESSES, annotations, container_name, &mut errors);
+    match errors.len() {
+        0 => Ok(()),
+        1 => Err(errors.remove(0)),
+        _ => Err(RequestError::SeveralInvalid(errors)),
+    }
+}
+
+fn check_field<T>(
+    field: &Field<T>,
+    annotations: &HashMap<String, String>,
+    container_name: &str,
+    errors: &mut Vec<RequestError>,
+) {
+    for (key, _) in field_keys(field, container_name) {
+        if let Some(value) = annotations.get(&key) {
+            if let Err(error) = (field.parse)(value) {
+                errors.push(RequestError::Invalid {
+                    key,
+                    value: value.clone(),
+                    error,
+                });
+            }
+        }
+    }
+}
+
+/// The keys of `field` that apply to the container, container-level first (`true`).
+fn field_keys<T>(field: &Field<T>, container_name: &str) -> Vec<(String, bool)> {
+    let mut keys = Vec::with_capacity(2);
+    if !container_name.is_empty() {
+        keys.push((annotations::container_key(container_name, field.base), true));
+    }
+    keys.push((field.base.to_string(), false));
+    keys
 }
 
 /// What gpu-mps-device-plugin gave the container, and the node's rules for units.
@@ -322,12 +382,7 @@ fn resolve_field<T>(
     container_name: &str,
     node_default: Option<T>,
 ) -> Result<(T, LimitSource), RequestError> {
-    let mut keys = Vec::with_capacity(2);
-    if !container_name.is_empty() {
-        keys.push((annotations::container_key(container_name, field.base), true));
-    }
-    keys.push((field.base.to_string(), false));
-    for (key, container_level) in keys {
+    for (key, container_level) in field_keys(field, container_name) {
         if let Some(value) = annotations.get(&key) {
             let parsed = (field.parse)(value).map_err(|error| RequestError::Invalid {
                 key: key.clone(),
@@ -404,6 +459,37 @@ mod tests {
             default_thread_percentage: 12,
             thread_share_factor: 2.0,
         }
+    }
+
+    #[test]
+    fn every_bad_annotation_is_reported_at_once() {
+        let a = annotations(&[
+            (MEMORY_LIMIT, "4GB"),
+            ("infer.gpu-mps.io/active-thread-percentage", "0"),
+            (CUDA_PROCESSES, "many"),
+        ]);
+        let e = check_annotations(&a, "infer").unwrap_err().to_string();
+        for needle in [
+            "3 gpu-mps annotations are invalid",
+            "gpu-mps.io/memory-limit=\"4GB\"",
+            "infer.gpu-mps.io/active-thread-percentage=\"0\"",
+            "gpu-mps.io/cuda-processes=\"many\"",
+        ] {
+            assert!(e.contains(needle), "{needle:?} not in {e}");
+        }
+        assert!(!e.contains('\n'), "{e}");
+        // One bad field: the message it always had.
+        let one = check_annotations(&annotations(&[(MEMORY_LIMIT, "4GB")]), "").unwrap_err();
+        assert!(matches!(one, RequestError::Invalid { .. }), "{one}");
+        // Another container's annotation is not this container's business.
+        assert_eq!(
+            check_annotations(&annotations(&[("other.gpu-mps.io/memory-limit", "4GB")]), "infer"),
+            Ok(())
+        );
+        assert_eq!(
+            check_annotations(&annotations(&[(MEMORY_LIMIT, "4Gi")]), "infer"),
+            Ok(())
+        );
     }
 
     #[test]

@@ -16,17 +16,32 @@ use crate::runc_args::LogFormat;
 
 /// One error line (without the newline) in `format`; `time` is an RFC 3339 timestamp.
 pub fn error_line(format: LogFormat, msg: &str, time: &str) -> String {
+    log_line(format, "error", msg, time)
+}
+
+/// One line of `level` (logrus' names: error, debug) in `format`, without the newline.
+pub fn log_line(format: LogFormat, level: &str, msg: &str, time: &str) -> String {
     // A log line must stay one line whatever an error message carries.
     let msg = gpu_mps_api::message::one_line(msg);
     match format {
-        LogFormat::Json => serde_json::json!({ "level": "error", "msg": msg, "time": time }).to_string(),
-        LogFormat::Text => format!("time={} level=error msg={}", go_quote(time), go_quote(&msg)),
+        LogFormat::Json => serde_json::json!({ "level": level, "msg": msg, "time": time }).to_string(),
+        LogFormat::Text => format!("time={} level={level} msg={}", go_quote(time), go_quote(&msg)),
     }
 }
 
 /// Appends one error line to the runc log file, as runc opens it (create, append, 0644).
 pub fn append_error(path: &Path, format: LogFormat, msg: &str, now: SystemTime) -> io::Result<()> {
-    let mut line = error_line(format, msg, &rfc3339_utc(now));
+    append(path, format, "error", msg, now)
+}
+
+/// Appends one debug line to the runc log file. containerd returns only the last error line to
+/// its caller; debug lines stay in the file, next to runc's own under `--debug`.
+pub fn append_debug(path: &Path, format: LogFormat, msg: &str, now: SystemTime) -> io::Result<()> {
+    append(path, format, "debug", msg, now)
+}
+
+fn append(path: &Path, format: LogFormat, level: &str, msg: &str, now: SystemTime) -> io::Result<()> {
+    let mut line = log_line(format, level, msg, &rfc3339_utc(now));
     line.push('\n');
     let mut file = OpenOptions::new()
         .create(true)

@@ -513,6 +513,125 @@ fn debug_logs_what_the_shim_did_to_stderr() {
     );
 }
 
+/// With a runc `--log` (containerd always passes one), debug lines go there as runc's own debug
+/// lines do, never to stderr: runc's stderr on `create` is the container's, so they would land,
+/// host paths and all, in every container's log.
+#[test]
+fn debug_goes_to_the_runc_log_never_to_stderr() {
+    for (case, expected) in [
+        ("env-index", "rewrite: GPUs GPU-9e2f7c3d"),
+        ("pause", "passthrough: sandbox container"),
+    ] {
+        let f = Fixture::new(case);
+        let mut cmd = f.command(SHIM);
+        let log = f.log().to_str().unwrap().to_string();
+        cmd.args([
+            "--log",
+            &log,
+            "--log-format",
+            "json",
+            "create",
+            "--bundle",
+            &f.bundle_arg(),
+            "id",
+        ])
+        .env("GPU_MPS_SHIM_DEBUG", "1");
+        let out = spawn(cmd);
+        assert!(out.status.success(), "{case}: {}", stderr(&out));
+        assert!(
+            !stderr(&out).contains("gpu-mps-shim"),
+            "{case}: debug on stderr: {}",
+            stderr(&out)
+        );
+        let text = fs::read_to_string(f.log()).unwrap_or_default();
+        let lines: Vec<Value> = text.lines().map(|l| serde_json::from_str(l).unwrap()).collect();
+        assert!(
+            lines
+                .iter()
+                .any(|l| l["level"] == "debug" && l["msg"].as_str().is_some_and(|m| m.contains(expected))),
+            "{case}: no debug line with {expected:?} in the runc log: {text}"
+        );
+        for l in &lines {
+            assert_rfc3339(l["time"].as_str().unwrap());
+        }
+    }
+    // The text format too, as logrus writes it.
+    let f = Fixture::new("pause");
+    let log = f.log().to_str().unwrap().to_string();
+    let out = f.run(&[
+        "--debug",
+        "--log",
+        &log,
+        "create",
+        "--bundle",
+        &f.bundle_arg(),
+        "id",
+    ]);
+    assert!(out.status.success());
+    assert!(!stderr(&out).contains("gpu-mps-shim"), "{}", stderr(&out));
+    let text = fs::read_to_string(f.log()).unwrap();
+    assert!(
+        text.lines()
+            .any(|l| l.contains("level=debug") && l.contains("passthrough: sandbox container")),
+        "{text}"
+    );
+}
+
+/// A bad annotation is the pod's to fix whatever state the node is in: it is reported before the
+/// node's files are read, so a node whose manager never ran (no inventory) still tells the pod
+/// what is wrong with it, and every bad field at once.
+#[test]
+fn bad_annotations_are_reported_even_when_the_manager_is_down_and_all_at_once() {
+    let f = Fixture::new("error-memory-unknown-suffix");
+    fs::remove_file(f.inventory()).unwrap();
+    let spec = fs::read_to_string(f.config_json()).unwrap().replace(
+        "\"gpu-mps.io/active-thread-percentage\": \"25\"",
+        "\"gpu-mps.io/active-thread-percentage\": \"250\"",
+    );
+    fs::write(f.config_json(), spec).unwrap();
+    let out = f.create_with_json_log();
+    assert!(!out.status.success());
+    let err = stderr(&out);
+    assert!(
+        !err.contains("inventory"),
+        "the missing inventory hid the annotation: {err}"
+    );
+    assert!(
+        err.contains("gpu-mps.io/memory-limit=\"4GB\"")
+            && err.contains("gpu-mps.io/active-thread-percentage=\"250\""),
+        "not every bad annotation is named: {err}"
+    );
+    assert_eq!(err.trim_end().lines().count(), 1, "{err}");
+    assert_eq!(f.runc_argv(), None, "runc ran");
+}
+
+/// On a node whose manager found no NVIDIA driver (its `nvml-error` next to the inventory), a GPU
+/// container is told that, in the runc log containerd hands to kubelet.
+#[test]
+fn a_node_without_the_driver_tells_the_pod_so() {
+    let f = Fixture::new("env-index");
+    fs::remove_file(f.inventory()).unwrap();
+    fs::write(
+        f.root().join("nvml-error"),
+        "NVML: loading libnvidia-ml.so.1 (is the NVIDIA driver installed?): a libloading error occurred\n",
+    )
+    .unwrap();
+    let out = f.create_with_json_log();
+    assert!(!out.status.success());
+    let log = fs::read_to_string(f.log()).unwrap();
+    let last: Value = serde_json::from_str(log.lines().last().unwrap()).unwrap();
+    let msg = last["msg"].as_str().unwrap();
+    assert!(
+        msg.contains("no usable NVIDIA driver") && !msg.contains("not running"),
+        "{msg}"
+    );
+    assert_eq!(f.runc_argv(), None, "runc ran");
+    // A container without a GPU still runs there.
+    let f = Fixture::new("cpu-none");
+    fs::write(f.root().join("nvml-error"), "NVML: no driver\n").unwrap();
+    assert!(f.create_with_json_log().status.success());
+}
+
 /// `2026-12-03T08:20:00Z`: what Go's time.Time accepts when containerd decodes the log line.
 fn assert_rfc3339(time: &str) {
     let b = time.as_bytes();

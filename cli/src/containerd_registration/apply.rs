@@ -16,6 +16,7 @@ impl ExistingFiles {
         Ok(ExistingFiles {
             main: read_optional(&opts.on_host(&opts.main_config))?,
             drop_in: read_optional(&opts.on_host(&opts.drop_in))?,
+            node_config: read_optional(&opts.on_host(&opts.node_config))?,
         })
     }
 }

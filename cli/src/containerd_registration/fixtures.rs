@@ -67,6 +67,7 @@ pub(super) fn files(main: Option<&str>) -> ExistingFiles {
     ExistingFiles {
         main: main.map(str::to_owned),
         drop_in: None,
+        node_config: None,
     }
 }
 

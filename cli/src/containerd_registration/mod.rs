@@ -33,6 +33,7 @@ mod fixtures;
 mod imports;
 mod layout;
 mod plan;
+mod toolkit;
 
 use std::fmt;
 use std::io;
@@ -46,6 +47,10 @@ pub use containerd::{containerd_version, dump_config, find_containerd, parse_con
 pub use effective::{check_effective, check_removed};
 pub use imports::glob_match;
 pub use plan::{ExistingFiles, FileChange, InstallPlan, detect_version, plan_install, plan_uninstall};
+pub use toolkit::{
+    ChainDecision, ChainPlan, ChainToolkit, TOOLKIT_BINARY, ToolkitFacts, ToolkitRuntime, decide_chain,
+    find_toolkit_binary, plan_chain, plan_unchain, toolkit_runtimes,
+};
 
 /// The runtime handler name: RuntimeClass `handler: gpu-mps`.
 pub const RUNTIME_NAME: &str = "gpu-mps";
@@ -99,6 +104,10 @@ pub enum RegistrationError {
         #[source]
         source: io::Error,
     },
+    #[error(
+        "--chain-toolkit=yes: found {found}, but no nvidia-container-runtime to chain (no containerd runtime entry names one, none is in /usr/bin, /usr/local/bin, /usr/local/nvidia/toolkit or /usr/sbin): install the NVIDIA Container Toolkit, or rerun with --chain-toolkit=auto"
+    )]
+    NoToolkit { found: String },
     #[error("{binary}: {message}")]
     Containerd { binary: PathBuf, message: String },
     #[error("containerd's effective config (from {config}): {message}")]
@@ -183,6 +192,10 @@ pub struct InstallOptions {
     /// Where the host's `/` is mounted, e.g. `/host` in an installer container. Files are read and
     /// written under it; the paths written into configs stay host paths.
     pub host_root: PathBuf,
+    /// The gpu-mps node config, whose runc_path chaining sets (a host path).
+    pub node_config: PathBuf,
+    /// Whether install chains gpu-mps-shim to the NVIDIA Container Toolkit's runtime.
+    pub chain_toolkit: ChainToolkit,
 }
 
 impl Default for InstallOptions {
@@ -195,6 +208,8 @@ impl Default for InstallOptions {
             base_runtime: None,
             containerd_major: None,
             host_root: "/".into(),
+            node_config: gpu_mps_api::node_config::DEFAULT_CONFIG_PATH.into(),
+            chain_toolkit: ChainToolkit::Auto,
         }
     }
 }
@@ -218,12 +233,42 @@ pub struct Outcome {
     /// Checked with `containerd config dump` (false: no containerd binary, or a dry run).
     pub verified: bool,
     pub warnings: Vec<String>,
+    /// The node config changed (runc_path chained or put back): gpu-mps-manager publishes it
+    /// only at its start.
+    pub node_config_changed: bool,
+    /// Install chained gpu-mps-shim to the NVIDIA Container Toolkit: what and why, one line.
+    pub chained: Option<String>,
 }
 
 impl Outcome {
     /// containerd reads its config only at start: a changed config needs a restart.
     pub fn needs_containerd_restart(&self) -> bool {
-        !self.plan.is_empty()
+        self.plan.changes.len() > usize::from(self.node_config_changed)
+    }
+}
+
+/// What is known of the NVIDIA Container Toolkit: containerd's effective config when its binary
+/// is there (the toolkit may sit in a drop-in), else the main config's text.
+fn gather_toolkit(opts: &InstallOptions, containerd: Option<&Path>, main: Option<&str>) -> ToolkitFacts {
+    let dumped = containerd.and_then(|binary| dump_config(opts, binary).ok());
+    ToolkitFacts {
+        runtimes: dumped
+            .as_deref()
+            .or(main)
+            .map(toolkit_runtimes)
+            .unwrap_or_default(),
+        binary: find_toolkit_binary(opts),
+    }
+}
+
+/// Adds the node config change to `plan`, last: containerd's files are checked first.
+fn push_node_config(plan: &mut InstallPlan, change: Option<FileChange>) -> bool {
+    match change {
+        Some(change) => {
+            plan.changes.push(change);
+            true
+        }
+        None => false,
     }
 }
 
@@ -239,7 +284,13 @@ pub fn install(
     if let (None, Some(binary)) = (opts.containerd_major, containerd) {
         opts.containerd_major = Some(containerd_version(&opts, binary)?.0);
     }
-    let plan = plan_install(&ExistingFiles::read(&opts)?, &opts)?;
+    let existing = ExistingFiles::read(&opts)?;
+    let mut plan = plan_install(&existing, &opts)?;
+    let facts = gather_toolkit(&opts, containerd, existing.main.as_deref());
+    let chain = plan_chain(existing.node_config.as_deref(), &facts, &opts)?;
+    let node_config_changed = push_node_config(&mut plan, chain.change);
+    plan.notes.extend(chain.warning);
+    let chained = chain.chained;
     let mut warnings = plan.notes.clone();
     if dry_run {
         return Ok(Outcome {
@@ -247,6 +298,8 @@ pub fn install(
             backups: Vec::new(),
             verified: false,
             warnings,
+            node_config_changed,
+            chained,
         });
     }
     let applied = apply(&plan)?;
@@ -273,6 +326,8 @@ pub fn install(
         backups: applied.backups,
         verified,
         warnings,
+        node_config_changed,
+        chained,
     })
 }
 
@@ -283,16 +338,31 @@ pub fn uninstall(
     containerd: Option<&Path>,
     dry_run: bool,
 ) -> Result<Outcome, RegistrationError> {
-    let plan = plan_uninstall(&ExistingFiles::read(opts)?, opts)?;
+    let existing = ExistingFiles::read(opts)?;
+    let mut plan = plan_uninstall(&existing, opts)?;
+    let node_config_changed =
+        push_node_config(&mut plan, plan_unchain(existing.node_config.as_deref(), opts)?);
     if dry_run {
         return Ok(Outcome {
             plan,
             backups: Vec::new(),
             verified: false,
             warnings: Vec::new(),
+            node_config_changed,
+            chained: None,
         });
     }
     let applied = apply(&plan)?;
+    let main_removed = plan
+        .changes
+        .iter()
+        .any(|c| matches!(c, FileChange::Remove { path, .. } if *path == opts.on_host(&opts.main_config)));
+    if main_removed {
+        // The conf.d install made for a config it created; kept if anything else is in it.
+        if let Some(dir) = opts.on_host(&opts.drop_in).parent() {
+            let _ = std::fs::remove_dir(dir);
+        }
+    }
     let mut warnings = Vec::new();
     let mut verified = false;
     if let Some(binary) = containerd {
@@ -312,6 +382,8 @@ pub fn uninstall(
         backups: applied.backups,
         verified,
         warnings,
+        node_config_changed,
+        chained: None,
     })
 }
 
@@ -350,6 +422,75 @@ mod tests {
             .filter(|n| n.contains("tmp"))
             .collect();
         assert!(leftovers.is_empty(), "{leftovers:?}");
+    }
+
+    #[test]
+    fn install_chains_the_default_toolkit_runtime_and_uninstall_puts_runc_path_back() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let root = dir.path().to_path_buf();
+        let o = InstallOptions {
+            host_root: root.clone(),
+            ..opts(Some(2))
+        };
+        fs::create_dir_all(root.join("etc/containerd")).expect("mkdir");
+        fs::create_dir_all(root.join("etc/gpu-mps")).expect("mkdir");
+        let operator = V3.replace(
+            "# kept\n",
+            "[plugins.'io.containerd.cri.v1.runtime'.containerd]\n  default_runtime_name = 'nvidia'\n\
+             [plugins.'io.containerd.cri.v1.runtime'.containerd.runtimes.nvidia.options]\n  \
+             BinaryName = '/usr/local/nvidia/toolkit/nvidia-container-runtime'\n# kept\n",
+        );
+        fs::write(root.join("etc/containerd/config.toml"), &operator).expect("write");
+        let node = root.join("etc/gpu-mps/config.toml");
+        let node_text = "# node\n[limits]\npolicy = \"exact\"\n";
+        fs::write(&node, node_text).expect("write");
+
+        let outcome = install(&o, None, false).expect("install");
+        assert!(outcome.node_config_changed && outcome.needs_containerd_restart());
+        let chained = fs::read_to_string(&node).expect("node config");
+        let config = gpu_mps_api::NodeConfig::from_toml(&chained, &node).expect("valid node config");
+        assert_eq!(
+            config.runc_path,
+            Path::new("/usr/local/nvidia/toolkit/nvidia-container-runtime")
+        );
+        assert!(
+            outcome
+                .chained
+                .as_deref()
+                .is_some_and(|c| c.contains("containerd's default runtime is the NVIDIA Container Toolkit's")),
+            "{:?}",
+            outcome.chained
+        );
+        assert!(
+            !outcome.warnings.iter().any(|w| w.contains("Toolkit")),
+            "{:?}",
+            outcome.warnings
+        );
+        assert!(!install(&o, None, false).expect("again").node_config_changed);
+
+        let removed = uninstall(&o, None, false).expect("uninstall");
+        assert!(removed.node_config_changed);
+        assert_eq!(fs::read_to_string(&node).expect("node config"), node_text);
+        assert_eq!(
+            fs::read_to_string(root.join("etc/containerd/config.toml")).expect("main"),
+            operator
+        );
+    }
+
+    #[test]
+    fn uninstall_of_a_config_install_created_leaves_nothing() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let root = dir.path().to_path_buf();
+        let o = InstallOptions {
+            host_root: root.clone(),
+            ..opts(Some(2))
+        };
+        install(&o, None, false).expect("install");
+        assert!(root.join("etc/containerd/config.toml").is_file());
+        uninstall(&o, None, false).expect("uninstall");
+        assert!(!root.join("etc/containerd/config.toml").exists());
+        assert!(!root.join("etc/containerd/conf.d").exists());
+        assert!(!root.join("etc/gpu-mps").exists());
     }
 
     #[test]

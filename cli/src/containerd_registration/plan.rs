@@ -10,6 +10,7 @@ use super::imports::{add_import, imports_cover, remove_import};
 use super::layout::{
     Style, keep_line_endings, lookup, lookup_mut, plain_table, prune_empty_implicit, same_item, table_at,
 };
+use super::toolkit::is_toolkit_binary;
 use super::{ConfigVersion, InstallOptions, Placement, RUNC_SHIM, RegistrationError, annotation_patterns};
 
 /// Put in front of the tables gpu-mps writes, so a reader of config.toml knows who owns them.
@@ -25,6 +26,8 @@ const RUNC_MARKER: &str = "Spelled out by `gpu-mps install-containerd`: containe
 pub struct ExistingFiles {
     pub main: Option<String>,
     pub drop_in: Option<String>,
+    /// The gpu-mps node config, whose runc_path chaining to the NVIDIA toolkit sets.
+    pub node_config: Option<String>,
 }
 
 /// One change to one file. Paths are as seen from this process (under `host_root`).
@@ -166,8 +169,7 @@ pub fn plan_install(
     if file_version.is_none() {
         doc.insert("version", value(version.number()));
         if let (None, Some(mut key)) = (&existing.main, doc.key_mut("version")) {
-            key.leaf_decor_mut()
-                .set_prefix("# containerd config created by `gpu-mps install-containerd`.\n");
+            key.leaf_decor_mut().set_prefix(CREATED_MARKER);
         }
     }
 
@@ -242,7 +244,13 @@ pub fn plan_uninstall(
     {
         remove_entry(&mut doc, v, opts);
         remove_import(&mut doc, opts, main_path)?;
-        push_main_write(&mut changes, opts, existing, &doc, true);
+        match (&existing.main, only_what_install_created(&doc)) {
+            (Some(previous), true) => changes.push(FileChange::Remove {
+                path: opts.on_host(main_path),
+                previous: previous.clone(),
+            }),
+            _ => push_main_write(&mut changes, opts, existing, &doc, true),
+        }
     }
     if let Some(previous) = &existing.drop_in {
         changes.push(FileChange::Remove {
@@ -256,6 +264,23 @@ pub fn plan_uninstall(
         changes,
         notes: Vec::new(),
     })
+}
+
+/// The comment on the `version` of a main config install created.
+const CREATED_MARKER: &str = "# containerd config created by `gpu-mps install-containerd`.\n";
+
+/// A main config install created and that now holds nothing else: uninstall removes it rather
+/// than leave a stub (containerd without a config file runs on its defaults, as before).
+fn only_what_install_created(doc: &DocumentMut) -> bool {
+    let root = doc.as_table();
+    root.len() == 1
+        && root.contains_key("version")
+        && root
+            .key("version")
+            .and_then(|k| k.leaf_decor().prefix())
+            .and_then(|p| p.as_str())
+            .is_some_and(|p| p == CREATED_MARKER)
+        && doc.trailing().as_str().is_none_or(|t| t.trim().is_empty())
 }
 
 fn push_main_write(
@@ -321,7 +346,8 @@ fn choose_base(
             .and_then(|o| o.get("BinaryName"))
             .and_then(Item::as_str)
             .unwrap_or("");
-        if !binary.is_empty() {
+        // The toolkit's runtime is chained by install itself (toolkit::plan_chain).
+        if !binary.is_empty() && !is_toolkit_binary(binary) {
             notes.push(format!(
                 "{}: runtime {name:?} runs BinaryName = {binary:?}: set runc_path = {binary:?} in /etc/gpu-mps/config.toml so gpu-mps-shim runs the same binary",
                 opts.main_config.display()
@@ -786,6 +812,31 @@ mod tests {
     }
 
     #[test]
+    fn uninstall_removes_a_config_install_created() {
+        for major in [1, 2] {
+            let existing = files(None);
+            let installed = after(
+                &existing,
+                &plan_install(&existing, &opts(Some(major))).expect("plan"),
+            );
+            let plan = plan_uninstall(&installed, &opts(Some(major))).expect("uninstall");
+            let gone = after(&installed, &plan);
+            assert_eq!(gone.main, None, "containerd {major}.x: a stub is left: {plan:#?}");
+            assert_eq!(gone.drop_in, None, "containerd {major}.x");
+        }
+        // A created config the administrator has since added to stays, without our entry.
+        let existing = files(None);
+        let installed = after(&existing, &plan_install(&existing, &opts(Some(2))).expect("plan"));
+        let mut edited = installed.clone();
+        edited.main = installed
+            .main
+            .map(|m| format!("{m}root = \"/data/containerd\"\n"));
+        let plan = plan_uninstall(&edited, &opts(Some(2))).expect("uninstall");
+        let kept = after(&edited, &plan).main.expect("kept");
+        assert!(kept.contains("root = \"/data/containerd\""), "{kept}");
+    }
+
+    #[test]
     fn version_3_under_containerd_1x_is_refused() {
         let e = plan_install(&files(Some(V3)), &opts(Some(1)))
             .expect_err("mismatch")
@@ -826,6 +877,7 @@ mod tests {
         let tampered = ExistingFiles {
             main: Some(main.replace(SHIM_PATH, "/usr/sbin/runc")),
             drop_in: None,
+            node_config: None,
         };
         let plan = plan_install(&tampered, &opts(Some(1))).expect("plan");
         assert_eq!(written(&plan, MAIN_CONFIG), main);

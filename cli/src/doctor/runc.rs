@@ -88,7 +88,7 @@ pub fn check(f: &RuncFacts, config_path: &Path) -> Check {
             toolkit.join("; ")
         ),
         format!(
-            "either set runc_path = \"{toolkit_path}\" in {config} and restart gpu-mps-manager, so that the toolkit adds the GPU to each container after gpu-mps-shim; or hand GPUs over as CDI devices (a CDI spec from `nvidia-ctk cdi generate`, CDI enabled in containerd, a device plugin that allocates CDI devices), which needs no chained runtime"
+            "either run `gpu-mps install-containerd --chain-toolkit=yes` (it sets runc_path = \"{toolkit_path}\" in {config}) and restart gpu-mps-manager, so that the toolkit adds the GPU to each container after gpu-mps-shim (docs/gpu-paths.md); or hand GPUs over as CDI devices (a CDI spec from `nvidia-ctk cdi generate`, CDI enabled in containerd, a device plugin that allocates CDI devices), which needs no chained runtime"
         ),
     )
 }

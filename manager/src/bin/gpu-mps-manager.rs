@@ -12,7 +12,7 @@ use gpu_mps_api::node_config::{self, NodeConfig};
 use gpu_mps_manager::core::{ManagerCore, StartOptions};
 use gpu_mps_manager::gate::ListenerStore;
 use gpu_mps_manager::gate_keeper::{self, HeldKind, KeeperClient};
-use gpu_mps_manager::gpu_backend::{FileBackend, GpuBackend, NvmlBackend};
+use gpu_mps_manager::gpu_backend::{self, FileBackend, GpuBackend, NvmlBackend};
 use gpu_mps_manager::metrics::{self, Exposition, LevelSource, Metrics};
 use gpu_mps_manager::mps_control::CliControl;
 use gpu_mps_manager::{node_guard, server};
@@ -25,7 +25,7 @@ use gpu_mps_manager::{node_guard, server};
 /// hostPID DaemonSet). State lives under `root` (default /run/gpu-mps) and survives a restart:
 /// running daemons and leases are adopted, running clients are never touched.
 #[derive(Debug, Parser)]
-#[command(version, about, long_about)]
+#[command(version, about, long_about, after_help = EXAMPLE)]
 struct Args {
     /// Node config file.
     #[arg(long, env = node_config::CONFIG_ENV, default_value = node_config::DEFAULT_CONFIG_PATH)]
@@ -45,6 +45,12 @@ struct Args {
     #[arg(long, hide = true, value_name = "FILE", requires = "gate_keeper")]
     gate_keeper_log: Option<PathBuf>,
 }
+
+const EXAMPLE: &str = "\
+Examples:
+  gpu-mps-manager --config /etc/gpu-mps/config.toml         (what gpu-mps-manager.service runs)
+  GPU_MPS_LOG=debug gpu-mps-manager --log-format json       (every lease and refusal, as JSON)
+Then `gpu-mps status` shows its GPUs, daemons and leases.";
 
 fn init_logging(format: &str) {
     let filter = tracing_subscriber::EnvFilter::try_from_env("GPU_MPS_LOG")
@@ -114,7 +120,25 @@ async fn manager(args: Args) -> anyhow::Result<()> {
             tracing::warn!(path = %path.display(), "TEST ONLY: GPU inventory from a file, no NVML; never use this on a real node");
             Arc::new(FileBackend::new(path))
         }
-        None => Arc::new(NvmlBackend::init()?),
+        None => match NvmlBackend::init() {
+            Ok(nvml) => {
+                if let Err(e) = gpu_backend::clear_nvml_failure(&config.root) {
+                    tracing::warn!(error = %e, "removing the NVML error an earlier start left");
+                }
+                Arc::new(nvml)
+            }
+            Err(e) => {
+                // The shim tells GPU pods this instead of "the manager is not running".
+                if let Err(io) = gpu_backend::record_nvml_failure(&config.root, &e) {
+                    tracing::warn!(error = %io, "recording the NVML error for the shim");
+                }
+                // A keeper this start made holds no gate: it goes with the manager.
+                if let Some(keeper) = keeper {
+                    let _ = tokio::task::spawn_blocking(move || keeper.quit_if_empty()).await;
+                }
+                return Err(e.into());
+            }
+        },
     };
     let control = Arc::new(CliControl {
         binary: config.control_binary.clone(),
