@@ -168,8 +168,14 @@ pub fn plan_install(
     };
     if file_version.is_none() {
         doc.insert("version", value(version.number()));
-        if let (None, Some(mut key)) = (&existing.main, doc.key_mut("version")) {
-            key.leaf_decor_mut().set_prefix(CREATED_MARKER);
+        if existing.main.is_none() {
+            if let Some(mut key) = doc.key_mut("version") {
+                key.leaf_decor_mut().set_prefix(CREATED_MARKER);
+            }
+        } else if let Some(item) = doc.get_mut("version").and_then(|i| i.as_value_mut()) {
+            // A file without `version` is a version 1 config to containerd 1.x: the line is
+            // ours, and uninstall takes it out again (found by fuzzing: it stayed).
+            item.decor_mut().set_suffix(ADDED_MARKER);
         }
     }
 
@@ -244,6 +250,7 @@ pub fn plan_uninstall(
     {
         remove_entry(&mut doc, v, opts);
         remove_import(&mut doc, opts, main_path)?;
+        remove_added_version(&mut doc);
         match (&existing.main, only_what_install_created(&doc)) {
             (Some(previous), true) => changes.push(FileChange::Remove {
                 path: opts.on_host(main_path),
@@ -268,6 +275,22 @@ pub fn plan_uninstall(
 
 /// The comment on the `version` of a main config install created.
 const CREATED_MARKER: &str = "# containerd config created by `gpu-mps install-containerd`.\n";
+
+/// The comment after a `version` install added to a config that had none.
+const ADDED_MARKER: &str = " # added by `gpu-mps install-containerd`";
+
+/// Takes out a `version` line install added (it carries [`ADDED_MARKER`]).
+fn remove_added_version(doc: &mut DocumentMut) {
+    let added = doc
+        .get("version")
+        .and_then(|i| i.as_value())
+        .and_then(|v| v.decor().suffix())
+        .and_then(|s| s.as_str())
+        .is_some_and(|s| s == ADDED_MARKER);
+    if added {
+        doc.remove("version");
+    }
+}
 
 /// A main config install created and that now holds nothing else: uninstall removes it rather
 /// than leave a stub (containerd without a config file runs on its defaults, as before).
@@ -834,6 +857,28 @@ mod tests {
         let plan = plan_uninstall(&edited, &opts(Some(2))).expect("uninstall");
         let kept = after(&edited, &plan).main.expect("kept");
         assert!(kept.contains("root = \"/data/containerd\""), "{kept}");
+    }
+
+    /// Found by fuzzing (fuzz/fuzz_targets/containerd_config.rs): a config file without a
+    /// `version` line got one from install, and kept it after uninstall.
+    #[test]
+    fn uninstall_takes_out_the_version_install_added_to_a_config_without_one() {
+        // Only a config with no keys may lack `version` (others are refused: tested apart).
+        for text in ["", "\n", "# tuned by hand\n", "# one\r\n\r\n# two\r\n"] {
+            // Without a version line and a containerd binary to ask, install refuses (tested apart).
+            for major in [Some(1), Some(2)] {
+                let existing = files(Some(text));
+                let installed = after(&existing, &plan_install(&existing, &opts(major)).expect("plan"));
+                let plan = plan_uninstall(&installed, &opts(major)).expect("uninstall");
+                let back = after(&installed, &plan);
+                assert_eq!(
+                    back.main.as_deref(),
+                    Some(text),
+                    "containerd {major:?}: {installed:#?}"
+                );
+                assert_eq!(back.drop_in, None);
+            }
+        }
     }
 
     #[test]
