@@ -9,11 +9,27 @@ pub const MAX_LEN: usize = 128;
 
 #[derive(Debug, Clone, PartialEq, Eq, Error)]
 #[error(
-    "container id {id:?} cannot name a gate dir: {why} (allowed: 1 to {MAX_LEN} of A-Z a-z 0-9 . _ - +, not . or ..)"
+    "container id {} cannot name a gate dir: {why} (allowed: 1 to {MAX_LEN} of A-Z a-z 0-9 . _ - +, not . or ..)",
+    quoted(.id)
 )]
 pub struct ContainerIdError {
     pub id: String,
     pub why: &'static str,
+}
+
+/// Characters of a refused id a message quotes: enough to find it in `ctr c ls` or crictl, and a
+/// 4 KiB id no longer fills the one line it is refused in.
+const QUOTED_CHARS: usize = 80;
+
+/// The id as a refusal quotes it: escaped, and cut after [`QUOTED_CHARS`] characters with the
+/// length said.
+fn quoted(id: &str) -> String {
+    let chars = id.chars().count();
+    if chars <= QUOTED_CHARS {
+        return format!("{id:?}");
+    }
+    let head: String = id.chars().take(QUOTED_CHARS).collect();
+    format!("{:?}... ({chars} characters)", head)
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
@@ -71,6 +87,21 @@ impl fmt::Display for ContainerId {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_long_refused_id_is_quoted_cut_with_its_length() {
+        let e = ContainerId::parse(&"c".repeat(4097)).unwrap_err().to_string();
+        assert!(
+            e.starts_with(&format!(
+                "container id \"{}\"... (4097 characters) cannot",
+                "c".repeat(80)
+            )),
+            "{e}"
+        );
+        assert!(e.len() < 300, "{} bytes: {e}", e.len());
+        let short = ContainerId::parse("a/b").unwrap_err().to_string();
+        assert!(short.starts_with("container id \"a/b\" cannot"), "{short}");
+    }
 
     #[test]
     fn gate_names_are_short_stable_and_distinct() {

@@ -227,7 +227,9 @@ fn very_long_ids_names_and_values() {
     for len in [129, 256, 4097] {
         refused(
             plan_text(&spec().to_string(), &"c".repeat(len)),
-            &["cannot name a gate dir: it is too long (allowed: 1 to 128 of"],
+            &[&format!(
+                "... ({len} characters) cannot name a gate dir: it is too long (allowed: 1 to 128 of"
+            )],
         );
     }
     assert!(plan_text(&spec().to_string(), &"c".repeat(128)).is_ok());
