@@ -10,8 +10,7 @@
 use std::fmt::Write as _;
 
 use gpu_mps_cli::containerd_registration::{
-    ExistingFiles, FileChange, InstallOptions, InstallPlan, Placement, install, plan_install, plan_uninstall,
-    uninstall,
+    ExistingFiles, InstallOptions, InstallPlan, Placement, install, plan_install, plan_uninstall, uninstall,
 };
 use proptest::prelude::*;
 use proptest::sample::{select, subsequence};
@@ -412,20 +411,8 @@ fn options(major: Option<u32>) -> InstallOptions {
 
 /// The files once `plan` is applied.
 fn after(existing: &ExistingFiles, plan: &InstallPlan, opts: &InstallOptions) -> ExistingFiles {
-    let mut out = existing.clone();
-    for change in &plan.changes {
-        let slot = if change.path() == opts.main_config {
-            &mut out.main
-        } else {
-            assert_eq!(change.path(), opts.drop_in, "a file registration does not own");
-            &mut out.drop_in
-        };
-        *slot = match change {
-            FileChange::Write { contents, .. } => Some(contents.clone()),
-            FileChange::Remove { .. } => None,
-        };
-    }
-    out
+    plan.applied_to(existing, opts)
+        .expect("a change to a file registration does not own")
 }
 
 fn installed(text: &str, major: Option<u32>, placement: Placement) -> (ExistingFiles, InstallOptions) {

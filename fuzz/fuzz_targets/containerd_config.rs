@@ -8,29 +8,14 @@
 #![no_main]
 
 use gpu_mps_cli::containerd_registration::{
-    ExistingFiles, FileChange, InstallOptions, InstallPlan, plan_install, plan_uninstall,
+    ExistingFiles, InstallOptions, InstallPlan, plan_install, plan_uninstall,
 };
 use gpu_mps_fuzz::assert_one_line;
 use libfuzzer_sys::fuzz_target;
 
 /// The files once `plan` is applied.
 fn after(existing: &ExistingFiles, plan: &InstallPlan, opts: &InstallOptions) -> ExistingFiles {
-    let mut out = existing.clone();
-    for change in &plan.changes {
-        let slot = if change.path() == opts.main_config {
-            &mut out.main
-        } else if change.path() == opts.node_config {
-            &mut out.node_config
-        } else {
-            assert_eq!(change.path(), opts.drop_in, "a file the registration does not own");
-            &mut out.drop_in
-        };
-        *slot = match change {
-            FileChange::Write { contents, .. } => Some(contents.clone()),
-            FileChange::Remove { .. } => None,
-        };
-    }
-    out
+    plan.applied_to(existing, opts).expect("a change to a file registration does not own")
 }
 
 fuzz_target!(|data: &[u8]| {

@@ -108,31 +108,14 @@ fn file_name(container_id: &str) -> String {
 pub fn read_all(dir: &Path) -> (Vec<LeaseRecord>, Vec<String>) {
     let mut leases = Vec::new();
     let mut notes = Vec::new();
-    let entries = match std::fs::read_dir(dir) {
-        Ok(entries) => entries,
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return (leases, notes),
-        Err(source) => {
-            notes.push(
-                LeaseFilesError::List {
-                    dir: dir.into(),
-                    source,
-                }
-                .to_string(),
-            );
+    let found = match scan(dir) {
+        Ok(found) => found,
+        Err(LeaseFilesError::List { source, .. }) if source.kind() == std::io::ErrorKind::NotFound => {
             return (leases, notes);
         }
+        Err(e) => return (leases, vec![e.to_string()]),
     };
-    for entry in entries.flatten() {
-        let path = entry.path();
-        let Some(name) = path.file_name().and_then(|n| n.to_str()) else {
-            continue;
-        };
-        if !name.ends_with(SUFFIX) || name.starts_with('.') {
-            continue;
-        }
-        let parsed = std::fs::read(&path)
-            .map_err(|e| e.to_string())
-            .and_then(|bytes| parse(&bytes, name));
+    for (path, parsed) in found {
         match parsed {
             Ok(lease) => leases.push(lease),
             Err(reason) => {
@@ -164,6 +147,17 @@ pub fn parse(bytes: &[u8], name: &str) -> Result<LeaseRecord, String> {
 
 /// `(container id, path)` of every lease file in `dir` that reads as a lease.
 fn list(dir: &Path) -> Result<Vec<(String, PathBuf)>, LeaseFilesError> {
+    Ok(scan(dir)?
+        .into_iter()
+        .filter_map(|(path, parsed)| Some((parsed.ok()?.container_id, path)))
+        .collect())
+}
+
+/// A lease file's path, and its lease or why it is none.
+type Scanned = (PathBuf, Result<LeaseRecord, String>);
+
+/// Every `*.json` file in `dir` (temp files of a write in progress start with a dot), read.
+fn scan(dir: &Path) -> Result<Vec<Scanned>, LeaseFilesError> {
     let entries = std::fs::read_dir(dir).map_err(|source| LeaseFilesError::List {
         dir: dir.into(),
         source,
@@ -177,12 +171,10 @@ fn list(dir: &Path) -> Result<Vec<(String, PathBuf)>, LeaseFilesError> {
         if !name.ends_with(SUFFIX) || name.starts_with('.') {
             continue;
         }
-        if let Ok(lease) = std::fs::read(&path)
+        let parsed = std::fs::read(&path)
             .map_err(|e| e.to_string())
-            .and_then(|bytes| parse(&bytes, name))
-        {
-            found.push((lease.container_id, path));
-        }
+            .and_then(|bytes| parse(&bytes, name));
+        found.push((path, parsed));
     }
     Ok(found)
 }

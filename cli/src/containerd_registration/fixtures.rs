@@ -5,9 +5,7 @@ use std::path::Path;
 use toml_edit::{DocumentMut, Item};
 
 use super::layout::lookup;
-use super::{
-    ConfigVersion, ExistingFiles, FileChange, InstallOptions, InstallPlan, MAIN_CONFIG, RUNTIME_NAME,
-};
+use super::{ConfigVersion, ExistingFiles, FileChange, InstallOptions, InstallPlan, RUNTIME_NAME};
 
 /// Debian's /etc/containerd/config.toml (bookworm, trixie and sid ship the same file).
 pub(super) const DEBIAN: &str = r#"version = 2
@@ -71,21 +69,10 @@ pub(super) fn files(main: Option<&str>) -> ExistingFiles {
     }
 }
 
-/// The files after the plan, as `ExistingFiles`.
+/// The files after the plan, as `ExistingFiles` (the default options' paths).
 pub(super) fn after(existing: &ExistingFiles, plan: &InstallPlan) -> ExistingFiles {
-    let mut out = existing.clone();
-    for change in &plan.changes {
-        let slot = if change.path() == Path::new(MAIN_CONFIG) {
-            &mut out.main
-        } else {
-            &mut out.drop_in
-        };
-        *slot = match change {
-            FileChange::Write { contents, .. } => Some(contents.clone()),
-            FileChange::Remove { .. } => None,
-        };
-    }
-    out
+    plan.applied_to(existing, &InstallOptions::default())
+        .unwrap_or_else(|| panic!("a change to a file registration does not own: {plan:#?}"))
 }
 
 pub(super) fn written<'a>(plan: &'a InstallPlan, path: &str) -> &'a str {

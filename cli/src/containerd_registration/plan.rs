@@ -70,6 +70,30 @@ impl InstallPlan {
         self.changes.is_empty()
     }
 
+    /// The files as they are once this plan is applied to `existing`, in memory (what the
+    /// property tests and the fuzz target compare). `None` if a change is to a file that is
+    /// none of the three registration owns, which a plan never makes.
+    pub fn applied_to(&self, existing: &ExistingFiles, opts: &InstallOptions) -> Option<ExistingFiles> {
+        let mut out = existing.clone();
+        for change in &self.changes {
+            let path = change.path();
+            let slot = if path == opts.on_host(&opts.main_config) {
+                &mut out.main
+            } else if path == opts.on_host(&opts.drop_in) {
+                &mut out.drop_in
+            } else if path == opts.on_host(&opts.node_config) {
+                &mut out.node_config
+            } else {
+                return None;
+            };
+            *slot = match change {
+                FileChange::Write { contents, .. } => Some(contents.clone()),
+                FileChange::Remove { .. } => None,
+            };
+        }
+        Some(out)
+    }
+
     /// A unified diff of every change, for `--dry-run` and for the log.
     pub fn diff(&self) -> String {
         let mut out = String::new();
