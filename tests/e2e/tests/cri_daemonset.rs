@@ -54,21 +54,47 @@ const BINARIES: [&str; 5] = [
 const WAIT: Duration = Duration::from_secs(60);
 
 fn repository() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("../..")
+    let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("../..");
+    path.canonicalize().unwrap_or(path)
 }
 
-/// The image archive, or None (after saying why) when it is not built and not required.
+/// What the image is built from: an archive older than one of them is stale.
+const IMAGE_INPUTS: [&str; 4] = [
+    "packaging/container/Dockerfile",
+    "packaging/kubernetes/install-on-host.sh",
+    "packaging/config.toml",
+    "target/dist/gpu-mps",
+];
+
+/// The image archive, or None (after saying why) when it is missing or older than what it is
+/// built from, and not required.
 fn image_archive() -> Result<Option<PathBuf>> {
     let path = std::env::var_os(ARCHIVE_ENV)
         .map(PathBuf::from)
         .unwrap_or_else(|| repository().join(DEFAULT_ARCHIVE));
-    if path.is_file() {
+    let modified = |p: &Path| std::fs::metadata(p).and_then(|m| m.modified()).ok();
+    let newer: Vec<&str> = match modified(&path) {
+        Some(built) => IMAGE_INPUTS
+            .into_iter()
+            .filter(|input| modified(&repository().join(input)).is_some_and(|t| t > built))
+            .collect(),
+        None => Vec::new(),
+    };
+    if path.is_file() && newer.is_empty() {
         return Ok(Some(path));
     }
-    let message = format!(
-        "no DaemonSet image archive at {} ({ARCHIVE_ENV}): build it with `bash tests/image.sh`",
-        path.display()
-    );
+    let message = if newer.is_empty() {
+        format!(
+            "no DaemonSet image archive at {} ({ARCHIVE_ENV}): build it with `bash tests/image.sh`",
+            path.display()
+        )
+    } else {
+        format!(
+            "the DaemonSet image archive {} is older than {}: rebuild it with `bash tests/image.sh`",
+            path.display(),
+            newer.join(", ")
+        )
+    };
     if std::env::var_os(REQUIRE_ENV).is_some_and(|v| v == "1") {
         bail!("{message} ({REQUIRE_ENV}=1)");
     }
@@ -254,15 +280,15 @@ async fn expect_no_gpu_mps_handler(cri: &mut CriClient, name: &str) -> Result<()
     }
 }
 
-/// Runs `container` of `template` in `pod` to its exit; it must exit 0 after one containerd
-/// restart. Returns its log.
+/// Runs `container` of `template` in `pod` to its exit; it must exit 0 after `restarts`
+/// containerd restarts (one when it changed containerd's config). Returns its log.
 async fn run_installer(
     containerd: &mut Containerd,
     cri: &mut CriClient,
     pod: &gpu_mps_e2e::cri::Pod,
-    template: &PodTemplateSpec,
-    container: &ManifestContainer,
+    (template, container): (&PodTemplateSpec, &ManifestContainer),
     tree: &HostTree,
+    expected_restarts: usize,
 ) -> Result<String> {
     let spec = template.container_spec(container)?;
     let created = cri.create_container(pod, &spec).await?;
@@ -272,8 +298,13 @@ async fn run_installer(
     println!("--- {} (exit {code}):\n{log}---", container.name);
     ensure!(code == 0, "{} exited {code}:\n{log}", container.name);
     ensure!(
-        restarts == 1,
-        "{} changed containerd's config, so it must restart containerd once; it did {restarts} times:\n{log}",
+        restarts == expected_restarts,
+        "{} restarted containerd {restarts} times, expected {expected_restarts}:\n{log}",
+        container.name
+    );
+    ensure!(
+        (restarts == 0) == log.contains("containerd config unchanged"),
+        "{} restarted containerd {restarts} times, and says:\n{log}",
         container.name
     );
     Ok(log)
@@ -344,7 +375,7 @@ async fn the_daemonset_installs_serves_a_gpu_container_and_uninstalls(suite: Sui
     );
     tree.point_installer(&mut install, &containerd)?;
     let containerd_pid = containerd.pid();
-    let log = run_installer(&mut containerd, &mut cri, &pod, template, &install, &tree).await?;
+    let log = run_installer(&mut containerd, &mut cri, &pod, (template, &install), &tree, 1).await?;
     ensure!(containerd.pid() != containerd_pid, "containerd was not restarted");
     for binary in BINARIES {
         ensure!(
@@ -366,6 +397,13 @@ async fn the_daemonset_installs_serves_a_gpu_container_and_uninstalls(suite: Sui
         registered.contains(&format!("BinaryName = \"{shim}\"")),
         "containerd's config does not name {shim}:\n{registered}"
     );
+
+    // The init container again, as in a recreated pod: nothing changes, no restart.
+    let again = cri
+        .run_pod_sandbox(&template.pod_spec(&daemonset.metadata.name, &daemonset.metadata.namespace, ""))
+        .await?;
+    run_installer(&mut containerd, &mut cri, &again, (template, &install), &tree, 0).await?;
+    cri.delete_pod(&again).await?;
 
     // The manager container: the host's copy, chrooted into the host, on fake GPUs.
     let mut manager = template.container("manager")?.clone();
@@ -513,9 +551,9 @@ async fn the_daemonset_installs_serves_a_gpu_container_and_uninstalls(suite: Sui
         &mut containerd,
         &mut cri,
         &job_pod,
-        job_template,
-        &uninstall,
+        (job_template, &uninstall),
         &tree,
+        1,
     )
     .await?;
     ensure!(!log.contains("still answers"), "the uninstall refused:\n{log}");
@@ -541,5 +579,27 @@ async fn the_daemonset_installs_serves_a_gpu_container_and_uninstalls(suite: Sui
         "the node config was removed without PURGE_NODE_CONFIG"
     );
     expect_no_gpu_mps_handler(&mut cri, "after-uninstall").await?;
+
+    // Once more with PURGE_NODE_CONFIG: nothing left to change in containerd, the node config goes.
+    uninstall.override_env(&[("PURGE_NODE_CONFIG", "true")])?;
+    let job_pod = cri
+        .run_pod_sandbox(&job_template.pod_spec(&job.metadata.name, &job.metadata.namespace, ""))
+        .await?;
+    run_installer(
+        &mut containerd,
+        &mut cri,
+        &job_pod,
+        (job_template, &uninstall),
+        &tree,
+        0,
+    )
+    .await?;
+    cri.delete_pod(&job_pod).await?;
+    ensure!(
+        !tree.node_config.exists() && std::fs::read(containerd.config_path())? == config_before,
+        "after the purge: node config {} exists: {}; containerd's config changed",
+        tree.node_config.display(),
+        tree.node_config.exists()
+    );
     Ok(())
 }
