@@ -68,6 +68,8 @@ mkdir -p target/image
 archive=target/image/gpu-mps.oci.tar
 rm -f "$archive"
 bh push --quiet "$image" "oci-archive:$archive:$image"
+# Only the base stays in the storage (vfs keeps a whole copy of every image).
+bh rmi "$image" >/dev/null
 phase "built $image: $archive ($(du -h "$archive" | cut -f1))"
 
 # What the e2e test needs besides the image (no-ops after tests/run.sh's build step).
