@@ -37,6 +37,68 @@ use k8s_cri::v1 as cri;
 
 per_suite!(the_daemonset_installs_serves_a_gpu_container_and_uninstalls);
 
+/// The env every container of the DaemonSet and the uninstall Job must agree on: where the
+/// binaries are and which node config they use. Needs no image and no containerd.
+#[test]
+fn the_manifests_agree_on_the_host_paths() -> Result<()> {
+    let daemonset = load_workload(&repository().join(DAEMONSET), "DaemonSet")?;
+    let job = load_workload(&repository().join(UNINSTALL_JOB), "Job")?;
+    let install = daemonset.spec.template.spec.container("install")?;
+    let image = &install.image;
+    let all = daemonset
+        .spec
+        .template
+        .spec
+        .init_containers
+        .iter()
+        .chain(&daemonset.spec.template.spec.containers)
+        .chain(&job.spec.template.spec.containers);
+    for container in all {
+        ensure!(
+            &container.image == image,
+            "{}: image {} is not {image}",
+            container.name,
+            container.image
+        );
+        for name in ["GPU_MPS_PREFIX", "GPU_MPS_CONFIG"] {
+            ensure!(
+                container.env_value(name).is_some() && container.env_value(name) == install.env_value(name),
+                "{}: {name} = {:?}, the init container has {:?}",
+                container.name,
+                container.env_value(name),
+                install.env_value(name)
+            );
+        }
+        // A chrooted binary of the host is named through the prefix kubelet expands.
+        if container.command.first().map(String::as_str) == Some("chroot") {
+            ensure!(
+                container
+                    .command
+                    .get(2)
+                    .is_some_and(|b| b.starts_with("$(GPU_MPS_PREFIX)/bin/")),
+                "{}: {:?} does not run $(GPU_MPS_PREFIX)/bin/...",
+                container.name,
+                container.command
+            );
+        }
+    }
+    for name in [
+        "HOST_ROOT",
+        "CONTAINERD_CONFIG",
+        "RESTART_CONTAINERD",
+        "CONTAINERD_RESTART_COMMAND",
+    ] {
+        let uninstall = job.spec.template.spec.container("uninstall")?;
+        ensure!(
+            uninstall.env_value(name) == install.env_value(name),
+            "uninstall: {name} = {:?}, the init container has {:?}",
+            uninstall.env_value(name),
+            install.env_value(name)
+        );
+    }
+    Ok(())
+}
+
 /// The OCI archive tests/image.sh exports; GPU_MPS_E2E_IMAGE_ARCHIVE overrides it.
 const ARCHIVE_ENV: &str = "GPU_MPS_E2E_IMAGE_ARCHIVE";
 const DEFAULT_ARCHIVE: &str = "target/image/gpu-mps.oci.tar";
