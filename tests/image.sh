@@ -61,7 +61,9 @@ phase "base image $base from $root_tar"
 image=$(awk '$1 == "image:" { print $2; exit }' packaging/kubernetes/gpu-mps.yaml)
 [ -n "$image" ] || { echo "image: no image: in packaging/kubernetes/gpu-mps.yaml" >&2; exit 1; }
 # The same Containerfile and ignore file (packaging/container/Dockerfile.dockerignore, which
-# buildah reads next to the Containerfile as docker's BuildKit does) operators use.
+# buildah reads next to the Containerfile as docker's BuildKit does) operators use. The
+# Containerfile has no RUN step; one would run under chroot isolation (checked here as root: no
+# runc set-up or user namespace needed).
 bh bud --quiet --isolation chroot --pull=never --build-arg "BASE=$base" \
     -f packaging/container/Dockerfile -t "$image" . >/dev/null
 mkdir -p target/image
