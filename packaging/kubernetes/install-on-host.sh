@@ -1,6 +1,7 @@
 #!/bin/sh
 # What the gpu-mps DaemonSet's init container runs (gpu-mps.yaml), with the host's / mounted at
-# $HOST_ROOT; and what the uninstall Job runs (uninstall-job.yaml) with the argument `uninstall`.
+# $HOST_ROOT; and what the uninstall Job runs (uninstall/gpu-mps-uninstall.yaml) with the argument
+# `uninstall`.
 #
 #   install-on-host.sh [install]   the binaries into $GPU_MPS_PREFIX/bin, the node config if there is
 #                                  none, the gpu-mps runtime handler in containerd's config
@@ -12,14 +13,14 @@
 #                                  and the manager's state root removed; the node config is kept
 #                                  unless PURGE_NODE_CONFIG=true. Refused while a manager answers.
 #
-# Every path below is a path on the host; the defaults are what the Debian package uses too.
+# Every path below is a path on the host; the defaults are the DaemonSet's.
 #   HOST_ROOT                  where the host's / is mounted in this container (/host)
 #   GPU_MPS_PREFIX             the binaries go to $GPU_MPS_PREFIX/bin (/usr/local); a prefix other
 #                              than /usr/local is written into a new node config as hook_path
 #   GPU_MPS_CONFIG             the node config (/etc/gpu-mps/config.toml)
 #   CONTAINERD_CONFIG          containerd's main config (/etc/containerd/config.toml)
 #   CONTAINERD_DROP_IN         the drop-in written for containerd 2.x (gpu-mps's default)
-#   CONTAINERD_BINARY          the host's containerd (found on the host's PATH)
+#   CONTAINERD_BINARY          the host's containerd (found on PATH inside the host's root)
 #   RESTART_CONTAINERD         true: restart containerd when its config changed (false)
 #   CONTAINERD_RESTART_COMMAND how, run with the host's /bin/sh inside the host's root
 #                              (systemctl restart containerd)
@@ -125,15 +126,26 @@ install -d -m 0755 "$host$prefix/bin"
 install -m 0755 "$dist/bin/gpu-mps" "$host$cli"
 trap 'rm -f "$host$cli"' EXIT
 if GPU_MPS_CONFIG=$node_config chroot "$host" "$cli" status >/dev/null 2>&1; then
-    die "a gpu-mps-manager still answers on $root/manager.sock: delete the DaemonSet (kubectl delete -f packaging/kubernetes/gpu-mps.yaml) and drain gpu-mps pods from the node first"
+    die "a gpu-mps-manager still answers on $root/manager.sock: drain the node's gpu-mps pods and stop it first (kubectl -n gpu-mps-system delete daemonset gpu-mps-manager)"
 fi
 register "$cli" uninstall-containerd
 for b in $binaries; do
     rm -f "$host$prefix/bin/$b"
 done
 say "removed $binaries from $prefix/bin"
-rm -rf "${host:?}$root"
-say "removed the state root $root"
+# Only what the manager keeps there, then the directory if that was all: a root set to a shared
+# directory (root = "/run") loses nothing else.
+for entry in manager.sock manager.lock state.json inventory.json node-config.json \
+    gate-keeper.sock gate-keeper.lock daemons gates; do
+    rm -rf "${host:?}$root/$entry"
+done
+if [ ! -e "$host$root" ]; then
+    say "no state root $root"
+elif rmdir "$host$root" 2>/dev/null; then
+    say "removed the state root $root"
+else
+    say "kept $root: it holds more than the manager's files: $(cd "$host$root" && echo * .[!.]*)"
+fi
 if [ "${PURGE_NODE_CONFIG:-false}" = true ]; then
     rm -f "$host$node_config"
     rmdir "$(dirname "$host$node_config")" 2>/dev/null || true
