@@ -17,7 +17,6 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 [ "$(id -u)" = 0 ] || { echo "tests/image.sh: run as root (mmdebstrap, buildah and containerd need it)" >&2; exit 1; }
 export GPU_MPS_CACHE=${GPU_MPS_CACHE:-$HOME/.cache/gpu-mps}
-export CARGO_INCREMENTAL=${CARGO_INCREMENTAL:-0}
 started=$(date +%s)
 phase_start=$started
 phase() {
