@@ -1,51 +1,155 @@
 #!/bin/sh
-# The init container of the gpu-mps DaemonSet (gpu-mps.yaml) runs this with the host's / mounted at
-# $HOST_ROOT. It does on a Kubernetes node what the Debian package does: install the binaries into
-# /usr/local/bin, the node config if there is none, /run/gpu-mps, and `gpu-mps install-containerd`
-# (run inside the host's root, so it finds and checks the host's own containerd).
+# What the gpu-mps DaemonSet's init container runs (gpu-mps.yaml), with the host's / mounted at
+# $HOST_ROOT; and what the uninstall Job runs (uninstall/gpu-mps-uninstall.yaml) with the argument
+# `uninstall`.
 #
-# containerd is restarted only with RESTART_CONTAINERD=true, and only when its config changed.
+#   install-on-host.sh [install]   the binaries into $GPU_MPS_PREFIX/bin, the node config if there is
+#                                  none, the gpu-mps runtime handler in containerd's config
+#                                  (`gpu-mps install-containerd`, run inside the host's root, so it
+#                                  finds and checks the host's own containerd)
+#   install-on-host.sh uninstall   the handler out of containerd's config (`gpu-mps
+#                                  uninstall-containerd`: the config as it was before the install,
+#                                  byte for byte, with backups of it left next to it), the binaries
+#                                  and the manager's state root removed; the node config is kept
+#                                  unless PURGE_NODE_CONFIG=true. Refused while a manager answers.
+#
+# Every path below is a path on the host; the defaults are the DaemonSet's.
+#   HOST_ROOT                  where the host's / is mounted in this container (/host)
+#   GPU_MPS_PREFIX             the binaries go to $GPU_MPS_PREFIX/bin (/usr/local); a prefix other
+#                              than /usr/local is written into a new node config as hook_path
+#   GPU_MPS_CONFIG             the node config (/etc/gpu-mps/config.toml)
+#   CONTAINERD_CONFIG          containerd's main config (/etc/containerd/config.toml)
+#   CONTAINERD_DROP_IN         the drop-in written for containerd 2.x (gpu-mps's default)
+#   CONTAINERD_BINARY          the host's containerd (found on PATH inside the host's root)
+#   RESTART_CONTAINERD         true: restart containerd when its config changed (false)
+#   CONTAINERD_RESTART_COMMAND how, run with the host's /bin/sh inside the host's root
+#                              (systemctl restart containerd)
+#   PURGE_NODE_CONFIG          uninstall only: true removes the node config too (false)
 set -eu
 
+mode=${1:-install}
 host=${HOST_ROOT:-/host}
 dist=${GPU_MPS_DIST:-/opt/gpu-mps}
+prefix=${GPU_MPS_PREFIX:-/usr/local}
+node_config=${GPU_MPS_CONFIG:-/etc/gpu-mps/config.toml}
+containerd_config=${CONTAINERD_CONFIG:-/etc/containerd/config.toml}
+restart_command=${CONTAINERD_RESTART_COMMAND:-systemctl restart containerd}
+binaries="gpu-mps-shim gpu-mps-hook gpu-mps-manager gpu-mps gpu-mps-device-plugin"
 say() { echo "install-on-host: $*"; }
+die() { say "$*" >&2; exit 1; }
 
-[ -d "$host/etc" ] || { say "no host root at $host"; exit 1; }
+case "$mode" in
+    install | uninstall) ;;
+    *) die "unknown mode '$mode': use install (the default) or uninstall" ;;
+esac
+[ -d "$host/etc" ] || die "no host root at $host (HOST_ROOT): mount the host's / there"
+case "$prefix" in
+    /*) ;;
+    *) die "GPU_MPS_PREFIX='$prefix' is not an absolute path on the host" ;;
+esac
 
-install -d -m 0755 "$host/usr/local/bin"
-for b in gpu-mps-shim gpu-mps-hook gpu-mps-manager gpu-mps gpu-mps-device-plugin; do
-    # A rename, never a write in place: runc may be running the old shim or hook right now.
-    install -m 0755 "$dist/bin/$b" "$host/usr/local/bin/.$b.gpu-mps-new"
-    mv -f "$host/usr/local/bin/.$b.gpu-mps-new" "$host/usr/local/bin/$b"
-done
-say "installed gpu-mps-shim, gpu-mps-hook, gpu-mps-manager, gpu-mps and gpu-mps-device-plugin into /usr/local/bin"
+# Every file of containerd's config that gpu-mps may write: the main config, a drop-in named by
+# CONTAINERD_DROP_IN, and the conf.d/ next to the main config.
+config_state() {
+    cat "$host$containerd_config" ${CONTAINERD_DROP_IN:+"$host$CONTAINERD_DROP_IN"} \
+        "$host$(dirname "$containerd_config")"/conf.d/* 2>/dev/null | md5sum
+}
+
+# Runs `<gpu-mps> install-containerd|uninstall-containerd` inside the host's root, then restarts
+# containerd when its config changed and RESTART_CONTAINERD=true.
+register() {
+    cli=$1 command=$2
+    set -- --containerd-config "$containerd_config" --shim "$prefix/bin/gpu-mps-shim"
+    [ -z "${CONTAINERD_DROP_IN:-}" ] || set -- "$@" --drop-in "$CONTAINERD_DROP_IN"
+    [ -z "${CONTAINERD_BINARY:-}" ] || set -- "$@" --containerd "$CONTAINERD_BINARY"
+    before=$(config_state)
+    chroot "$host" "$cli" "$command" "$@"
+    if [ "$before" = "$(config_state)" ]; then
+        say "containerd config unchanged"
+    elif [ "${RESTART_CONTAINERD:-false}" = true ]; then
+        # Running containers keep running (their shims do not depend on containerd); pods being
+        # created at this moment fail once and kubelet retries them.
+        say "containerd config changed: restarting containerd ($restart_command)"
+        chroot "$host" /bin/sh -c "$restart_command"
+    else
+        say "containerd config changed: run '$restart_command' on the node to apply it (or set RESTART_CONTAINERD=true)"
+    fi
+}
+
+# The manager's state root: `root` of the node config's top level, else the default.
+state_root() {
+    awk -F= '/^[[:space:]]*\[/ { exit }
+        $1 ~ /^[[:space:]]*root[[:space:]]*$/ { v = $2; sub(/^[[:space:]]*"/, "", v); sub(/".*$/, "", v); print v; exit }' \
+        "$host$node_config" 2>/dev/null | grep . || echo /run/gpu-mps
+}
+
+install_binaries() {
+    install -d -m 0755 "$host$prefix/bin"
+    for b in $binaries; do
+        # A rename, never a write in place: runc may be running the old shim or hook right now.
+        install -m 0755 "$dist/bin/$b" "$host$prefix/bin/.$b.gpu-mps-new"
+        mv -f "$host$prefix/bin/.$b.gpu-mps-new" "$host$prefix/bin/$b"
+    done
+    say "installed $binaries into $prefix/bin"
+}
 
 # The node's config belongs to the node once it exists: edit it there (or manage it with your
 # configuration tool); a new image never overwrites it.
-if [ -e "$host/etc/gpu-mps/config.toml" ]; then
-    say "kept /etc/gpu-mps/config.toml"
-else
-    install -d -m 0755 "$host/etc/gpu-mps"
-    install -m 0644 "$dist/config.toml" "$host/etc/gpu-mps/config.toml"
-    say "wrote the default /etc/gpu-mps/config.toml"
-fi
-install -d -m 0755 "$host/run/gpu-mps"
-
-config_state() {
-    cat "$host/etc/containerd/config.toml" "$host/etc/containerd/conf.d/gpu-mps.toml" 2>/dev/null | md5sum
+install_node_config() {
+    if [ -e "$host$node_config" ]; then
+        say "kept $node_config"
+        return
+    fi
+    install -d -m 0755 "$(dirname "$host$node_config")"
+    if [ "$prefix" = /usr/local ]; then
+        install -m 0644 "$dist/config.toml" "$host$node_config"
+    else
+        sed "s|^# hook_path = .*|hook_path = \"$prefix/bin/gpu-mps-hook\"|" "$dist/config.toml" >"$host$node_config"
+        chmod 0644 "$host$node_config"
+    fi
+    say "wrote the default $node_config"
 }
-before=$(config_state)
-chroot "$host" /usr/local/bin/gpu-mps install-containerd
-if [ "$before" = "$(config_state)" ]; then
-    say "containerd config unchanged"
+
+if [ "$mode" = install ]; then
+    install_binaries
+    install_node_config
+    install -d -m 0755 "$host$(state_root)"
+    register "$prefix/bin/gpu-mps" install-containerd
     exit 0
 fi
-if [ "${RESTART_CONTAINERD:-false}" = true ]; then
-    # Running containers keep running (their shims do not depend on containerd); pods being
-    # created at this moment fail once and kubelet retries them.
-    say "containerd config changed: restarting containerd"
-    chroot "$host" systemctl restart containerd
+
+# uninstall: the image's own gpu-mps does it (the host's copy may be gone already), from a
+# temporary name inside the host's root, so that it runs against the host's containerd.
+root=$(state_root)
+cli=$prefix/bin/.gpu-mps.uninstall
+install -d -m 0755 "$host$prefix/bin"
+install -m 0755 "$dist/bin/gpu-mps" "$host$cli"
+trap 'rm -f "$host$cli"' EXIT
+if GPU_MPS_CONFIG=$node_config chroot "$host" "$cli" status >/dev/null 2>&1; then
+    die "a gpu-mps-manager still answers on $root/manager.sock: drain the node's gpu-mps pods and stop it first (kubectl -n gpu-mps-system delete daemonset gpu-mps-manager)"
+fi
+register "$cli" uninstall-containerd
+for b in $binaries; do
+    rm -f "$host$prefix/bin/$b"
+done
+say "removed $binaries from $prefix/bin"
+# Only what the manager keeps there, then the directory if that was all: a root set to a shared
+# directory (root = "/run") loses nothing else.
+for entry in manager.sock manager.lock state.json inventory.json node-config.json \
+    gate-keeper.sock gate-keeper.lock daemons gates; do
+    rm -rf "${host:?}$root/$entry"
+done
+if [ ! -e "$host$root" ]; then
+    say "no state root $root"
+elif rmdir "$host$root" 2>/dev/null; then
+    say "removed the state root $root"
 else
-    say "containerd config changed: gpu-mps pods can start on this node after 'systemctl restart containerd' there (or set RESTART_CONTAINERD=true)"
+    say "kept $root: it holds more than the manager's files: $(cd "$host$root" && echo * .[!.]*)"
+fi
+if [ "${PURGE_NODE_CONFIG:-false}" = true ]; then
+    rm -f "$host$node_config"
+    rmdir "$(dirname "$host$node_config")" 2>/dev/null || true
+    say "removed $node_config"
+else
+    say "kept $node_config (PURGE_NODE_CONFIG=true removes it)"
 fi

@@ -38,6 +38,11 @@ pub struct ContainerdOptions {
     /// Registers the `gpu-mps` CRI runtime handler with this binary as the runc binary.
     pub gpu_mps_shim: Option<PathBuf>,
     pub cdi: CdiOptions,
+    /// Runs containerd (and so its shims and containers) in a mount namespace of its own whose
+    /// `/` is shared, as on a systemd host. A CRI mount of a host path with HostToContainer
+    /// propagation needs that (containerd refuses a private source), and the test host's `/`
+    /// may be private; the host's own mounts are never changed.
+    pub shared_root_namespace: bool,
 }
 
 /// What the CRI plugin does with CDI devices (`cdi.k8s.io/*` annotations): containerd 1.7 and
@@ -81,6 +86,8 @@ pub struct Containerd {
     runc_root: PathBuf,
     log: PathBuf,
     snapshotter: Snapshotter,
+    /// Gone after containerd and its shims.
+    mount_namespace: Option<MountNamespace>,
     // Last: removed once containerd and its containers are gone.
     dir: WorkDir,
 }
@@ -122,7 +129,12 @@ impl Containerd {
             std::env::var("PATH").unwrap_or_else(|_| "/usr/sbin:/usr/bin:/sbin:/bin".into())
         );
         std::fs::File::create(&layout.log).context("creating containerd's log")?;
+        let mount_namespace = match options.shared_root_namespace {
+            true => Some(MountNamespace::new().await?),
+            false => None,
+        };
         let launch = Launch {
+            mount_namespace: mount_namespace.as_ref().map(MountNamespace::path),
             containerd: suite.containerd.clone(),
             config: layout.config.clone(),
             path,
@@ -146,6 +158,7 @@ impl Containerd {
             runc_root: layout.runc_root,
             log: layout.log,
             snapshotter,
+            mount_namespace,
             dir,
         };
         containerd.wait_for_socket().await?;
@@ -203,6 +216,16 @@ impl Containerd {
         &self.log
     }
 
+    /// containerd's main config file (`--config`).
+    pub fn config_path(&self) -> &Path {
+        &self.launch.config
+    }
+
+    /// The pid of the containerd process now serving.
+    pub fn pid(&self) -> Option<u32> {
+        self.child.as_ref().map(Child::id)
+    }
+
     /// The runc root of every container of this containerd (CRI and ctr alike).
     pub fn runc_root(&self) -> &Path {
         &self.runc_root
@@ -253,6 +276,13 @@ impl Containerd {
     pub async fn import_test_image(&self, checker: &Path) -> Result<&'static str> {
         let archive = self.dir.join("test-image.oci.tar");
         std::fs::write(&archive, test_image_archive(checker)?).context("writing the test image")?;
+        self.import_image_archive(&archive).await?;
+        Ok(image::TEST_IMAGE)
+    }
+
+    /// `ctr -n k8s.io images import` of an OCI archive, unpacked for this containerd's
+    /// snapshotter, as `ctr` names it (from the archive's index annotations).
+    pub async fn import_image_archive(&self, archive: &Path) -> Result<()> {
         let mut args: Vec<String> = vec!["images".into(), "import".into()];
         if self.suite.containerd_major >= 2 {
             // 2.x imports through the transfer service by default, which unpacks with its own
@@ -273,7 +303,7 @@ impl Containerd {
                 out.stderr
             );
         }
-        Ok(image::TEST_IMAGE)
+        Ok(())
     }
 
     /// A plain rootfs directory holding the test image's files, for `ctr run --rootfs`.
@@ -334,6 +364,8 @@ impl Containerd {
         let shim_sockets = shim_sockets(&self.state);
         shims.iter().for_each(|pid| processes::kill_hard(*pid));
         processes::wait_gone(&shims, Duration::from_secs(3));
+        // Its mounts go with the last process in it.
+        self.mount_namespace.take();
         // A killed shim leaves its socket (in a host-wide directory) behind.
         for socket in shim_sockets {
             let _ = std::fs::remove_file(socket);
@@ -373,6 +405,8 @@ struct Launch {
     gpu_mps_config: Option<PathBuf>,
     /// Appended to: a restarted containerd logs after the first.
     log: PathBuf,
+    /// `/proc/<pid>/ns/mnt` to enter first (a restarted containerd enters the same one).
+    mount_namespace: Option<PathBuf>,
 }
 
 impl Launch {
@@ -381,7 +415,18 @@ impl Launch {
             .append(true)
             .open(&self.log)
             .context("opening containerd's log")?;
-        let mut command = Command::new(&self.containerd);
+        // nsenter execs containerd in place: the child is containerd itself.
+        let mut command = match &self.mount_namespace {
+            Some(namespace) => {
+                let mut nsenter = Command::new("nsenter");
+                nsenter
+                    .arg(format!("--mount={}", namespace.display()))
+                    .arg("--")
+                    .arg(&self.containerd);
+                nsenter
+            }
+            None => Command::new(&self.containerd),
+        };
         command
             .arg("--config")
             .arg(&self.config)
@@ -397,6 +442,54 @@ impl Launch {
         command
             .spawn()
             .with_context(|| format!("starting {}", self.containerd.display()))
+    }
+}
+
+/// A mount namespace whose `/` is shared (a fresh peer group, so nothing propagates to or from
+/// the host's), held open by a sleeping process until dropped.
+#[derive(Debug)]
+struct MountNamespace {
+    holder: Child,
+}
+
+impl MountNamespace {
+    async fn new() -> Result<MountNamespace> {
+        let holder = Command::new("unshare")
+            .args(["--mount", "--propagation", "private", "--", "sh", "-c"])
+            .arg("mount --make-rshared / && exec sleep infinity")
+            .stdin(Stdio::null())
+            .spawn()
+            .context("starting unshare (util-linux) for containerd's mount namespace")?;
+        let mut namespace = MountNamespace { holder };
+        let mountinfo = format!("/proc/{}/mountinfo", namespace.holder.id());
+        let deadline = Instant::now() + START_TIMEOUT;
+        loop {
+            let text = std::fs::read_to_string(&mountinfo).unwrap_or_default();
+            let root_shared = text
+                .lines()
+                .any(|l| l.split(' ').nth(4) == Some("/") && l.contains(" shared:"));
+            if root_shared {
+                return Ok(namespace);
+            }
+            if let Some(status) = namespace.holder.try_wait()? {
+                bail!("unshare --mount exited ({status}) before / was shared in its namespace");
+            }
+            if Instant::now() > deadline {
+                bail!("/ was not shared in containerd's mount namespace within {START_TIMEOUT:?}");
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
+
+    fn path(&self) -> PathBuf {
+        PathBuf::from(format!("/proc/{}/ns/mnt", self.holder.id()))
+    }
+}
+
+impl Drop for MountNamespace {
+    fn drop(&mut self) {
+        let _ = self.holder.kill();
+        let _ = self.holder.wait();
     }
 }
 
@@ -787,6 +880,7 @@ mod tests {
                 enabled: Some(true),
                 specs: Vec::new(),
             },
+            shared_root_namespace: false,
         }
     }
 

@@ -38,6 +38,11 @@ pub struct PodSpec {
     pub annotations: HashMap<String, String>,
     /// "runc", "gpu-mps", or empty for containerd's default.
     pub runtime_handler: String,
+    /// `hostPID: true`: the pod and its containers share the host's PID namespace.
+    pub host_pid: bool,
+    /// A privileged sandbox, which kubelet asks for when a container of the pod is privileged
+    /// (containerd refuses a privileged container in an unprivileged sandbox).
+    pub privileged: bool,
 }
 
 impl PodSpec {
@@ -48,6 +53,8 @@ impl PodSpec {
             uid: format!("uid-{}", crate::ctr::unique_id(name)),
             annotations: HashMap::new(),
             runtime_handler: runtime_handler.into(),
+            host_pid: false,
+            privileged: false,
         }
     }
 
@@ -97,6 +104,8 @@ pub struct ContainerSpec {
     pub devices: Vec<cri::Device>,
     /// The CRI `CDIDevices` field (kubelet fills it from a device plugin's Allocate).
     pub cdi_devices: Vec<String>,
+    /// `securityContext.privileged`.
+    pub privileged: bool,
 }
 
 impl ContainerSpec {
@@ -243,7 +252,8 @@ impl CriClient {
             ]),
             linux: Some(cri::LinuxPodSandboxConfig {
                 security_context: Some(cri::LinuxSandboxSecurityContext {
-                    namespace_options: Some(host_network()),
+                    namespace_options: Some(namespaces(spec.host_pid)),
+                    privileged: spec.privileged,
                     ..Default::default()
                 }),
                 ..Default::default()
@@ -324,7 +334,8 @@ impl CriClient {
             log_path: log_name.clone(),
             linux: Some(cri::LinuxContainerConfig {
                 security_context: Some(cri::LinuxContainerSecurityContext {
-                    namespace_options: Some(host_network()),
+                    namespace_options: Some(namespaces(pod.spec.host_pid)),
+                    privileged: spec.privileged,
                     ..Default::default()
                 }),
                 ..Default::default()
@@ -477,10 +488,15 @@ impl CriClient {
     }
 }
 
-fn host_network() -> cri::NamespaceOption {
+/// The host network always (no CNI here); the host's PID namespace for a hostPID pod.
+fn namespaces(host_pid: bool) -> cri::NamespaceOption {
     cri::NamespaceOption {
         network: cri::NamespaceMode::Node as i32,
-        pid: cri::NamespaceMode::Container as i32,
+        pid: if host_pid {
+            cri::NamespaceMode::Node as i32
+        } else {
+            cri::NamespaceMode::Container as i32
+        },
         ipc: cri::NamespaceMode::Pod as i32,
         ..Default::default()
     }

@@ -16,6 +16,7 @@ pub mod diagnostics;
 pub mod image;
 pub mod kubelet;
 pub mod manager;
+pub mod manifest;
 pub mod node;
 pub mod processes;
 pub mod suites;

@@ -44,6 +44,7 @@ impl GpuNode {
             gpu_mps_config: Some(manager.config_path().to_path_buf()),
             gpu_mps_shim: Some(bins.shim.clone()),
             cdi,
+            shared_root_namespace: false,
         };
         let containerd = Containerd::start(suite, options).await?;
         Ok(GpuNode {
