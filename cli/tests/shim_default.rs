@@ -23,9 +23,9 @@ fn containerd() -> PathBuf {
 /// A copy of gpu-mps in `<dir>/bin`, where the kernel reports it as the running executable.
 fn copied_gpu_mps(dir: &Path) -> PathBuf {
     let bin = dir.join("bin");
-    fs::create_dir_all(&bin).unwrap();
+    fs::create_dir_all(&bin).expect("create the bin dir");
     let copy = bin.join("gpu-mps");
-    fs::copy(env!("CARGO_BIN_EXE_gpu-mps"), &copy).unwrap();
+    fs::copy(env!("CARGO_BIN_EXE_gpu-mps"), &copy).expect("copy gpu-mps");
     copy
 }
 
