@@ -15,7 +15,8 @@
 # "~stub" suffix and the stubs fail when run. Never install such a package on a real node.
 #
 # Needs dpkg-deb; dpkg-shlibdeps (dpkg-dev) for the shared library dependencies of this machine's
-# architecture, readelf (binutils) for another one's.
+# architecture, readelf (binutils) for another one's; strip for the architecture (binutils, or
+# binutils-aarch64-linux-gnu for arm64).
 set -euo pipefail
 
 die() { echo "build.sh: $*" >&2; exit 1; }
@@ -41,8 +42,8 @@ command -v dpkg-deb >/dev/null || die "dpkg-deb not found: apt-get install dpkg"
 native=$(dpkg --print-architecture)
 arch=${arch:-$native}
 case "$arch" in
-amd64) elf_machine="X86-64" ;;
-arm64) elf_machine="AArch64" ;;
+amd64) elf_machine="X86-64" triplet=x86_64-linux-gnu ;;
+arm64) elf_machine="AArch64" triplet=aarch64-linux-gnu ;;
 *) die "--arch $arch: gpu-mps is packaged for amd64 and arm64" ;;
 esac
 
@@ -78,6 +79,10 @@ for b in "${binaries[@]}"; do
             esac
         fi
         install -m 0755 "$bin_dir/$b" "$root/usr/bin/$b"
+        # Debug symbols stay in the build (target/dist keeps them), as dh_strip would do.
+        strip=$(command -v "$triplet-strip" || { [ "$arch" = "$native" ] && command -v strip; } || true)
+        [ -n "$strip" ] || die "no $triplet-strip to strip $b for $arch: apt-get install binutils-$triplet"
+        "$strip" --strip-unneeded --remove-section=.comment --remove-section=.note "$root/usr/bin/$b"
     elif [ "$stubs" = yes ]; then
         printf '#!/bin/sh\necho "%s: stub from packaging/deb/build.sh --stub-binaries, not a real build" >&2\nexit 1\n' \
             "$b" >"$root/usr/bin/$b"
@@ -125,9 +130,12 @@ done
 install -m 0644 "$here/conffiles" "$root/DEBIAN/conffiles"
 
 # Shared library dependencies of the real binaries (libc6, libgcc-s1), as debhelper would add them.
+# gpu-mps-shim and gpu-mps-hook are static-pie (scripts/build-release.sh): nothing to depend on.
 elves=()
 for b in "${binaries[@]}"; do
-    if head -c 4 "$root/usr/bin/$b" | grep -q 'ELF'; then elves+=("$root/usr/bin/$b"); fi
+    if head -c 4 "$root/usr/bin/$b" | grep -q 'ELF' && readelf -d "$root/usr/bin/$b" | grep -q '(NEEDED)'; then
+        elves+=("$root/usr/bin/$b")
+    fi
 done
 
 # "libc6 (>= 2.34), libgcc-s1 (>= 4.2)" from the symbol versions the binaries need, for another
