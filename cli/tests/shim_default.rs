@@ -1,6 +1,6 @@
 //! `--shim` defaults to the gpu-mps-shim next to the running gpu-mps, so that the Debian
 //! package (/usr/bin) and the DaemonSet (/usr/local/bin) each register their own shim without
-//! a flag. Checked with a copy of the binary in a directory of its own.
+//! a flag. Checked with the binary linked into a directory of its own.
 
 use std::fs;
 use std::path::{Path, PathBuf};
@@ -20,13 +20,20 @@ fn containerd() -> PathBuf {
     binary
 }
 
-/// A copy of gpu-mps in `<dir>/bin`, where the kernel reports it as the running executable.
+/// A temporary directory on the file system of the built binary, so that it can be hard-linked.
+fn temp_dir() -> tempfile::TempDir {
+    tempfile::tempdir_in(env!("CARGO_TARGET_TMPDIR")).expect("a temporary directory")
+}
+
+/// gpu-mps in `<dir>/bin`, where the kernel reports it as the running executable. A hard link,
+/// not a copy: a copy's open write descriptor, inherited by a process another test forks at that
+/// moment, would make exec fail with "Text file busy".
 fn copied_gpu_mps(dir: &Path) -> PathBuf {
     let bin = dir.join("bin");
     fs::create_dir_all(&bin).expect("create the bin dir");
-    let copy = bin.join("gpu-mps");
-    fs::copy(env!("CARGO_BIN_EXE_gpu-mps"), &copy).expect("copy gpu-mps");
-    copy
+    let link = bin.join("gpu-mps");
+    fs::hard_link(env!("CARGO_BIN_EXE_gpu-mps"), &link).expect("hard-link gpu-mps");
+    link
 }
 
 fn run(binary: &Path, args: &[&str]) -> Output {
@@ -39,7 +46,7 @@ fn run(binary: &Path, args: &[&str]) -> Output {
 
 #[test]
 fn install_containerd_registers_the_shim_next_to_gpu_mps() {
-    let dir = tempfile::tempdir().unwrap();
+    let dir = temp_dir();
     let gpu_mps = copied_gpu_mps(dir.path());
     let main = dir.path().join("containerd.toml");
     let drop_in = dir.path().join("conf.d/gpu-mps.toml");
@@ -76,7 +83,7 @@ fn install_containerd_registers_the_shim_next_to_gpu_mps() {
 
 #[test]
 fn doctor_and_the_registration_commands_show_that_default() {
-    let dir = tempfile::tempdir().unwrap();
+    let dir = temp_dir();
     let gpu_mps = copied_gpu_mps(dir.path());
     let expected = format!("[default: {}]", dir.path().join("bin/gpu-mps-shim").display());
     for command in ["install-containerd", "uninstall-containerd", "doctor"] {
