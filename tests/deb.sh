@@ -225,7 +225,12 @@ cargo build --locked -q -p fake-mps-control -p gpu-mps-e2e --bin fake-mps-contro
 RUSTFLAGS='-C target-feature=+crt-static' cargo build --locked -q -p gpu-mps-checker --target x86_64-unknown-linux-gnu
 say "binaries ready after $(( $(date +%s) - start )) s"
 
+# The rule that gives an arm64 package its Depends (readelf, no arm64 libraries here) must agree
+# with dpkg-shlibdeps where both can run.
+from_readelf=$(dpkg-deb -f "$(GPU_MPS_DEB_DEPENDS_FROM=readelf bash packaging/deb/build.sh)" Depends)
 deb=$(bash packaging/deb/build.sh)
+[ "$(dpkg-deb -f "$deb" Depends)" = "$from_readelf" ] ||
+    die "Depends from readelf ($from_readelf) differ from dpkg-shlibdeps' ($(dpkg-deb -f "$deb" Depends))"
 say "built $deb: $(dpkg-deb -f "$deb" Version Architecture Depends | tr '\n' ' ')"
 lintian --allow-root --display-info --pedantic --fail-on error,warning,info,pedantic "$deb" ||
     die "lintian flags $deb (justify a tag in packaging/deb/lintian-overrides, or fix it)"

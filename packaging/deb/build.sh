@@ -15,7 +15,8 @@
 # "~stub" suffix and the stubs fail when run. Never install such a package on a real node.
 #
 # Needs dpkg-deb; dpkg-shlibdeps (dpkg-dev) for the shared library dependencies of this machine's
-# architecture, readelf (binutils) for another one's; strip for the architecture (binutils, or
+# architecture, readelf (binutils) for another one's (GPU_MPS_DEB_DEPENDS_FROM=readelf uses that
+# rule here too: tests/deb.sh checks that both agree); strip for the architecture (binutils, or
 # binutils-aarch64-linux-gnu for arm64).
 set -euo pipefail
 
@@ -151,7 +152,8 @@ foreign_depends() {
         esac
     done
     glibc=$(readelf -V "$@" | grep -o 'GLIBC_[0-9.]*' | sed 's/GLIBC_//' | sort -uV | tail -n1)
-    gcc=$(readelf -V "$@" | grep -o 'GCC_[0-9.]*' | sed 's/GCC_//' | sort -uV | tail -n1)
+    # GCC_4.2.0 is libgcc-s1 4.2 in its symbols file, as dpkg-shlibdeps writes it.
+    gcc=$(readelf -V "$@" | grep -o 'GCC_[0-9.]*' | sed 's/GCC_//' | sort -uV | tail -n1 | sed 's/^\([0-9]*\.[0-9]*\)\.0$/\1/')
     local deps=""
     [ -z "$glibc" ] || deps="libc6 (>= $glibc)"
     if echo "$needed" | grep -qx 'libgcc_s.so.1'; then deps="${deps:+$deps, }libgcc-s1 (>= ${gcc:-3.0})"; fi
@@ -160,7 +162,7 @@ foreign_depends() {
 
 shlibs=""
 if [ ${#elves[@]} -gt 0 ]; then
-    if [ "$arch" != "$native" ]; then
+    if [ "$arch" != "$native" ] || [ "${GPU_MPS_DEB_DEPENDS_FROM:-}" = readelf ]; then
         command -v readelf >/dev/null || die "readelf not found (apt-get install binutils): needed for the dependencies of $arch binaries"
         deps=$(foreign_depends "${elves[@]}")
         [ -z "$deps" ] || shlibs=", $deps"
