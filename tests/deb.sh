@@ -9,7 +9,8 @@
 #   3. start containerd (Debian's, from that install) and the manager as the unit's ExecStart does,
 #      on a fake GPU with the fake MPS daemon (no systemd runs in a chroot); run a container of an
 #      image imported from a tarball through the registered shim; it must get a lease and be served;
-#   4. `apt-get purge gpu-mps`, then compare a listing (type, mode, owner, link, sha256) of the
+#   4. `apt-get remove gpu-mps` (binaries, registration and /run/gpu-mps go; the config and the
+#      backups of containerd's config stay), `apt-get purge gpu-mps`, then compare a listing (type, mode, owner, link, sha256) of the
 #      whole root with the one taken before the install. What may differ is listed in `allowed`:
 #      apt and dpkg state and logs, the packages apt pulled in (checked with dpkg --verify, which
 #      also proves containerd's config is back byte for byte), containerd's own state from its run.
@@ -90,6 +91,13 @@ if [ "${1:-}" = "--in-namespace" ]; then
         [ -x "$R/usr/bin/$b" ] || die "/usr/bin/$b is not installed"
     done
     [ -z "$(ls -A "$R/usr/local/bin")" ] || die "the package wrote into /usr/local/bin: $(ls "$R/usr/local/bin")"
+    # Enabled for the next boot (deb-systemd-helper works without a running systemd; on merged /usr
+    # it names the unit by /lib/systemd/system, the same directory).
+    wants=$(readlink "$R/etc/systemd/system/multi-user.target.wants/gpu-mps-manager.service" || true)
+    case "$wants" in
+    /lib/systemd/system/gpu-mps-manager.service | /usr/lib/systemd/system/gpu-mps-manager.service) ;;
+    *) die "postinst did not enable gpu-mps-manager.service (multi-user.target.wants: '$wants')" ;;
+    esac
     grep -q '^gpu-mps: the containerd config changed' "$F/install.log" ||
         die "postinst did not say that the containerd config changed"
 
@@ -163,6 +171,21 @@ if [ "${1:-}" = "--in-namespace" ]; then
         [ "$(readlink "$p/root" 2>/dev/null)" = "$R" ] && left+=" ${p#/proc/}:$(tr '\0' ' ' <"$p/cmdline")"
     done
     [ -z "$left" ] || die "processes still run in the root after the manager and containerd stopped:$left"
+
+    say "apt-get remove gpu-mps"
+    in_root apt-get remove -y gpu-mps >"$F/remove.log" 2>&1 || { cat "$F/remove.log"; die "apt-get remove gpu-mps"; }
+    sed -n '/^gpu-mps: /p; /^Removing /p' "$F/remove.log"
+    # Removed: the binaries, the registration, /run/gpu-mps (no MPS daemon runs from it).
+    # Kept until the purge: the node config and the backups of containerd's config.
+    for b in gpu-mps gpu-mps-shim gpu-mps-hook gpu-mps-manager; do
+        [ ! -e "$R/usr/bin/$b" ] || die "apt-get remove left /usr/bin/$b"
+    done
+    [ ! -e "$R/run/gpu-mps" ] || die "apt-get remove left /run/gpu-mps: $(ls -A "$R/run/gpu-mps")"
+    ! grep -qs gpu-mps-shim "$R/etc/containerd/config.toml" || die "apt-get remove left gpu-mps in containerd's config"
+    [ -f "$R/etc/gpu-mps/config.toml" ] || die "apt-get remove did not keep /etc/gpu-mps/config.toml"
+    backups=$(cd "$R" && ls etc/containerd/*.gpu-mps-backup.* 2>/dev/null | tr '\n' ' ')
+    [ -n "$backups" ] || die "install-containerd made no backup of containerd's config, or remove deleted it"
+    say "after the remove: binaries, registration and /run/gpu-mps gone; kept /etc/gpu-mps/config.toml and $backups"
 
     say "apt-get purge gpu-mps"
     in_root apt-get purge -y gpu-mps >"$F/purge.log" 2>&1 || { cat "$F/purge.log"; die "apt-get purge gpu-mps"; }
