@@ -136,6 +136,14 @@ if [ "${1:-}" = "--in-namespace" ]; then
     [ -S "$R/run/containerd/containerd.sock" ] || { tail -n 20 "$F/containerd.log"; die "containerd did not start"; }
     [ -S "$R/run/gpu-mps/manager.sock" ] || { tail -n 20 "$F/manager.log"; die "gpu-mps-manager did not start"; }
 
+    # doctor, with no flag, checks the registration against the shim next to it: /usr/bin.
+    in_root gpu-mps doctor >"$F/doctor.txt" 2>&1 || true
+    doctor_line=$(grep -E '^[A-Z]+ +containerd ' "$F/doctor.txt" || true)
+    case "$doctor_line" in
+    PASS*"/usr/bin/gpu-mps-shim"*) say "gpu-mps doctor: $doctor_line" ;;
+    *) cat "$F/doctor.txt"; die "gpu-mps doctor does not pass the containerd registration with /usr/bin/gpu-mps-shim" ;;
+    esac
+
     image=$(in_root ctr images import /mnt/image.tar 2>&1 | awk '/^unpacking/ { print $2 }')
     [ -n "$image" ] || image=docker.io/gpu-mps/test:e2e
     say "running a container of $image through $shim"
