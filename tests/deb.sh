@@ -10,8 +10,9 @@
 #      on a fake GPU with the fake MPS daemon (no systemd runs in a chroot); run a container of an
 #      image imported from a tarball through the registered shim; it must get a lease and be served;
 #   4. `apt-get remove gpu-mps` (binaries, registration and /run/gpu-mps go; the config and the
-#      backups of containerd's config stay), `apt-get purge gpu-mps`, then compare a listing (type, mode, owner, link, sha256) of the
-#      whole root with the one taken before the install. What may differ is listed in `allowed`:
+#      backups of containerd's config stay), `apt-get purge gpu-mps`, then compare a listing (type,
+#      mode, owner, link, sha256) of the whole root with the one taken before the install. What may
+#      differ is listed in `allowed`:
 #      apt and dpkg state and logs, the packages apt pulled in (checked with dpkg --verify, which
 #      also proves containerd's config is back byte for byte), containerd's own state from its run.
 #
@@ -20,7 +21,6 @@
 # Needs root, network access to this machine's Debian mirror; caches under $GPU_MPS_CACHE.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-repo=$PWD
 die() { echo "deb.sh: FAIL: $*" >&2; exit 1; }
 say() { echo "deb.sh: $*"; }
 
@@ -78,9 +78,9 @@ if [ "${1:-}" = "--in-namespace" ]; then
     # about them. The Depends are what is tested.
     (in_root sh -c "cd /mnt && apt-get install -y --no-install-recommends ./$(basename "$deb")") >"$F/install.log" 2>&1 ||
         { cat "$F/install.log"; die "apt-get install ./$(basename "$deb")"; }
-    sed -n '/^gpu-mps: /p; /^containerd config/p; /BinaryName/p; /^Setting up /p' "$F/install.log"
+    sed -n '/^gpu-mps: /p; /^containerd config/p; /BinaryName/p; /^Setting up gpu-mps /p' "$F/install.log"
     in_root dpkg-query -W -f '${Package}\n' | sort >"$W/packages.after"
-    pulled=$(comm -13 "$W/packages.before" "$W/packages.after" | grep -vx gpu-mps | tr '\n' ' ')
+    pulled=$(comm -13 "$W/packages.before" "$W/packages.after" | { grep -vx gpu-mps || true; } | tr '\n' ' ')
     say "apt pulled in: $pulled"
     for p in containerd runc; do
         case " $pulled " in *" $p "*) ;; *) die "apt-get install did not pull in $p (pulled: $pulled)" ;; esac
@@ -111,7 +111,6 @@ if [ "${1:-}" = "--in-namespace" ]; then
     say "containerd registers runtime gpu-mps with BinaryName = $shim"
 
     # The admin's part: a node without a GPU runs the fake MPS daemon and keeps the compute mode.
-    cp "$R/etc/gpu-mps/config.toml" "$F/config.toml.shipped"
     sed -i -e 's|^control_binary = .*|control_binary = "/mnt/fake-mps-control"|' \
         -e 's|^exclusive_process = .*|exclusive_process = false|' \
         -e 's|^idle_grace_seconds = .*|idle_grace_seconds = 1|' "$R/etc/gpu-mps/config.toml"
