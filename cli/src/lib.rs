@@ -6,3 +6,4 @@
 pub mod containerd_registration;
 pub mod doctor;
 pub mod explain;
+pub mod installed;

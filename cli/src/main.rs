@@ -14,6 +14,7 @@ use gpu_mps_api::status_view::StatusView;
 use gpu_mps_cli::containerd_registration as reg;
 use gpu_mps_cli::doctor;
 use gpu_mps_cli::explain::explain_rewrite;
+use gpu_mps_cli::installed;
 use gpu_mps_shim::node_files::load_inventory;
 
 #[derive(Debug, clap::Args)]
@@ -25,8 +26,9 @@ struct RegistrationArgs {
     /// or conf.d/gpu-mps.toml next to a --containerd-config other than the system's.
     #[arg(long)]
     drop_in: Option<PathBuf>,
-    /// The gpu-mps-shim binary the runtime entry points at.
-    #[arg(long, default_value = reg::SHIM_PATH)]
+    /// The gpu-mps-shim binary the runtime entry points at (default: the one next to this
+    /// gpu-mps, /usr/bin from the Debian package, /usr/local/bin from the DaemonSet).
+    #[arg(long, default_value_os_t = installed::default_shim_path())]
     shim: PathBuf,
     /// The containerd binary (for its version and `config dump`); default: found on PATH.
     #[arg(long)]
@@ -129,8 +131,9 @@ struct DoctorArgs {
     /// The drop-in install-containerd writes on containerd 2.x.
     #[arg(long, default_value = reg::DROP_IN)]
     drop_in: PathBuf,
-    /// The gpu-mps-shim binary the runtime entry must name as BinaryName.
-    #[arg(long, default_value = reg::SHIM_PATH)]
+    /// The gpu-mps-shim binary the runtime entry must name as BinaryName (default: the one next
+    /// to this gpu-mps).
+    #[arg(long, default_value_os_t = installed::default_shim_path())]
     shim: PathBuf,
     /// The containerd binary; default: found on PATH.
     #[arg(long)]

@@ -122,6 +122,7 @@ fn gather_registration(o: &DoctorOptions) -> RegistrationFacts {
     RegistrationFacts {
         main_config: o.containerd_config.clone(),
         shim: o.shim.clone(),
+        default_shim: crate::installed::default_shim_path(),
         shim_state: file_state(&o.shim),
         containerd,
     }

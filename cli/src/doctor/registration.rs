@@ -14,6 +14,9 @@ pub struct RegistrationFacts {
     pub main_config: PathBuf,
     /// The BinaryName the entry must have.
     pub shim: PathBuf,
+    /// What `install-containerd` registers without `--shim`: the gpu-mps-shim next to this
+    /// gpu-mps (crate::installed), so the suggested command names `--shim` only when it differs.
+    pub default_shim: PathBuf,
     pub shim_state: FileState,
     /// None: no containerd binary was found.
     pub containerd: Option<ContainerdFacts>,
@@ -48,7 +51,7 @@ fn install_command(f: &RegistrationFacts) -> String {
     if f.main_config != Path::new(reg::MAIN_CONFIG) {
         command.push_str(&format!(" --containerd-config {}", f.main_config.display()));
     }
-    if f.shim != Path::new(reg::SHIM_PATH) {
+    if f.shim != f.default_shim {
         command.push_str(&format!(" --shim {}", f.shim.display()));
     }
     command
@@ -207,6 +210,7 @@ mod tests {
         RegistrationFacts {
             main_config: reg::MAIN_CONFIG.into(),
             shim: reg::SHIM_PATH.into(),
+            default_shim: reg::SHIM_PATH.into(),
             shim_state: FileState::Executable {
                 at: reg::SHIM_PATH.into(),
             },
@@ -268,6 +272,29 @@ mod tests {
             c.fix.unwrap().contains(
                 "gpu-mps install-containerd --containerd-config /tmp/c.toml --shim /opt/gpu-mps-shim"
             )
+        );
+    }
+
+    #[test]
+    fn the_install_command_names_the_shim_only_when_it_is_not_the_default() {
+        // A Debian package node (gpu-mps and its shim in /usr/bin) where the runtime is missing.
+        let mut f = facts(Ok(DUMP.replace("runtimes.gpu-mps", "runtimes.other")));
+        f.shim = "/usr/bin/gpu-mps-shim".into();
+        f.default_shim = "/usr/bin/gpu-mps-shim".into();
+        let c = check(&f);
+        assert_eq!(c.status, Status::Fail, "{c:?}");
+        assert_eq!(
+            c.fix.as_deref(),
+            Some("register the runtime: gpu-mps install-containerd, then systemctl restart containerd")
+        );
+        f.shim = "/usr/local/bin/gpu-mps-shim".into();
+        let c = check(&f);
+        assert_eq!(c.status, Status::Fail, "{c:?}");
+        assert!(
+            c.fix.as_deref().is_some_and(
+                |fix| fix.contains("gpu-mps install-containerd --shim /usr/local/bin/gpu-mps-shim")
+            ),
+            "{c:?}"
         );
     }
 
