@@ -22,6 +22,7 @@ step "build";   cargo build --workspace --bins --locked
 RUSTFLAGS='-C target-feature=+crt-static' cargo build -p gpu-mps-checker --target x86_64-unknown-linux-gnu --locked
 step "tests";   cargo test --workspace --locked -- --nocapture 2>&1 | tee target/test-output.log
 step "manifests"; bash tests/manifests.sh   # kustomize + Helm renders, schema-checked (packaging/README.md)
+step "arm64"; bash tests/arm64.sh   # shim + api tests cross-built, run under qemu-user (packaging/README.md "arm64")
 step "fuzz smoke"; bash tests/fuzz-smoke.sh   # every cargo-fuzz target 10 s from its corpus (docs/fuzz-results.md)
 step "versions tested"
 grep -hoE 'suite [a-z]+: containerd [^,]+, runc [^ |]+' target/test-output.log | sort -u || true
