@@ -41,7 +41,7 @@ cargo test --locked --target "$target" -p gpu-mps-shim -p gpu-mps-api --lib --te
 echo "arm64: tests under qemu took $((SECONDS - phase)) s"
 
 # The shim binary itself on arm64: it reads the node config and execs runc (here a fake one).
-shim=target/$target/debug/gpu-mps-shim
+shim=${CARGO_TARGET_DIR:-target}/$target/debug/gpu-mps-shim
 # ELF e_machine (2 bytes at offset 18, little-endian): 0xb7 is EM_AARCH64.
 [ "$(od -An -tx1 -j18 -N2 "$shim" | tr -d ' \n')" = b700 ] || die "$shim is not an arm64 ELF binary"
 smoke=$(mktemp -d)
