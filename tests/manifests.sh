@@ -122,7 +122,11 @@ sed 's/^kind: RuntimeClass$/kind: RuntimeKlass/' "$work/kustomize.yaml" >"$work/
 must_fail "an unknown kind (RuntimeKlass)" "Couldn't find schema for kind RuntimeKlass" \
     check validate "$work/unknown-kind.yaml"
 
-# --- Helm: the chart renders the same objects, and takes the image from its values ---
+# --- Helm: the chart lints clean, renders the same objects, and takes the image from its values ---
+check helm-lint packaging/helm/gpu-mps 1.30.0
+cp -rL packaging/helm/gpu-mps "$work/bad-chart"
+sed -i 's/^version: .*/version: not-a-version/' "$work/bad-chart/Chart.yaml"
+must_fail "a chart whose version is not SemVer" "not-a-version" check helm-lint "$work/bad-chart" 1.30.0
 check helm-render packaging/helm/gpu-mps "$work/helm.yaml"
 check validate "$work/helm.yaml"
 check same "$work/kustomize.yaml" "$work/helm.yaml"

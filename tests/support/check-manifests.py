@@ -8,6 +8,8 @@ kubernetes-validate for the schemas, helm-python-sdk for Helm's renderer).
                                                 against each Kubernetes version from MIN_VERSION on
   check-manifests.py images FILE IMAGE          every container of every pod template is IMAGE
   check-manifests.py same FILE FILE             both files hold the same objects
+  check-manifests.py helm-lint CHART KUBE_VERSION  helm lint --strict, against that Kubernetes:
+                                                no warning, no error
   check-manifests.py helm-render CHART OUT [KEY=VALUE...]
                                                 renders CHART offline with these values (as
                                                 helm's --set) into OUT, one YAML stream
@@ -168,6 +170,19 @@ def helm_render(chart_dir, out, sets):
           % (helm.__version__, helm.helm_sdk_version(), chart_dir, json.dumps(values), out))
 
 
+def helm_lint(chart_dir, kube_version):
+    import helm_python as helm
+
+    # Helm's severities: 1 info, 2 warning, 3 error.
+    result = helm.lint(chart_dir, strict=True, kube_version=kube_version)
+    bad = [m for m in result["messages"] if m["severity"] >= 2]
+    if bad or result["errors"]:
+        raise CheckFailed("helm lint %s (Kubernetes %s): %s" % (chart_dir, kube_version, "; ".join(
+            "%s: %s" % (m["path"], m["error"].strip().replace("\n", " ")) for m in bad) or result["errors"]))
+    print("manifests: helm lint --strict %s against Kubernetes %s: no warning, no error (%s)" % (
+        chart_dir, kube_version, "; ".join(m["error"] for m in result["messages"]) or "nothing to say"))
+
+
 def _merge(a, b):
     out = dict(a)
     for k, v in b.items():
@@ -187,6 +202,8 @@ def main(argv):
         images(*args)
     elif cmd == "same" and len(args) == 2:
         same(*args)
+    elif cmd == "helm-lint" and len(args) == 2:
+        helm_lint(*args)
     elif cmd == "helm-render" and len(args) >= 2:
         helm_render(args[0], args[1], args[2:])
     else:
