@@ -42,23 +42,38 @@ apt_opts=(
     -o "APT::Architecture=amd64" -o "Acquire::Languages=none" -o "Acquire::IndexTargets::deb::DEP-11::DefaultEnabled=false"
     -o "Debug::NoLocking=1" -o "APT::Sandbox::User=root"
 )
-if [ ! -f "$apt_dir/lists/.updated" ] || [ -n "$(find "$apt_dir/lists/.updated" -mmin +1440)" ]; then
-    apt-get "${apt_opts[@]}" -qq update || die "apt-get update of Debian sid failed"
-    touch "$apt_dir/lists/.updated"
+# Prints "kubectl <version> kustomize <version> " as sid has them today; fails if it has not both.
+sid_versions() {
+    if [ ! -f "$apt_dir/lists/.updated" ] || [ -n "$(find "$apt_dir/lists/.updated" -mmin +1440)" ]; then
+        apt-get "${apt_opts[@]}" -qq update || { echo "apt-get update of Debian sid failed" >&2; return 1; }
+        touch "$apt_dir/lists/.updated"
+    fi
+    local pkg ver
+    for pkg in kubectl kustomize; do
+        ver=$(apt-cache "${apt_opts[@]}" policy "$pkg" | awk '/Candidate:/ { print $2 }')
+        [ -n "$ver" ] && [ "$ver" != "(none)" ] || { echo "Debian sid has no $pkg package today" >&2; return 1; }
+        printf '%s %s ' "$pkg" "$ver"
+    done
+}
+fetch_tools() { # WANT: download and extract into $tools, replacing it only once all went well
+    (cd "$apt_dir/debs" && rm -f ./*.deb && apt-get "${apt_opts[@]}" -qq download kubectl kustomize) || return 1
+    rm -rf "$tools.new" && mkdir -p "$tools.new"
+    for deb in "$apt_dir"/debs/*.deb; do dpkg-deb -x "$deb" "$tools.new" || return 1; done
+    echo "$1" >"$tools.new/VERSIONS"
+    rm -rf "$tools" && mv "$tools.new" "$tools"
+}
+# sid moves, and now and then a package is missing from it for a while: then the copy fetched
+# on an earlier day is used, and said so.
+if want=$(sid_versions); then
+    if [ "$(cat "$tools/VERSIONS" 2>/dev/null)" != "$want" ] || [ ! -x "$tools/usr/bin/kubectl" ]; then
+        fetch_tools "$want" || [ -x "$tools/usr/bin/kubectl" ] || die "apt-get download kubectl kustomize from Debian sid failed"
+    fi
+elif [ -x "$tools/usr/bin/kubectl" ]; then
+    echo "manifests: Debian sid's kubectl/kustomize cannot be had now; using the cached $(cat "$tools/VERSIONS")"
+else
+    die "cannot get kubectl and kustomize from Debian sid (above), and none is cached in $tools"
 fi
-want=""
-for pkg in kubectl kustomize; do
-    ver=$(apt-cache "${apt_opts[@]}" policy "$pkg" | awk '/Candidate:/ { print $2 }')
-    [ -n "$ver" ] && [ "$ver" != "(none)" ] || die "Debian sid has no $pkg package today"
-    want="$want$pkg $ver "
-done
-if [ "$(cat "$tools/VERSIONS" 2>/dev/null)" != "$want" ] || [ ! -x "$tools/usr/bin/kubectl" ]; then
-    rm -rf "$tools" && mkdir -p "$tools"
-    (cd "$apt_dir/debs" && rm -f ./*.deb && apt-get "${apt_opts[@]}" -qq download kubectl kustomize) ||
-        die "apt-get download kubectl kustomize from Debian sid failed"
-    for deb in "$apt_dir"/debs/*.deb; do dpkg-deb -x "$deb" "$tools"; done
-    echo "$want" >"$tools/VERSIONS"
-fi
+want=$(cat "$tools/VERSIONS")
 kubectl=$tools/usr/bin/kubectl
 kustomize=$tools/usr/bin/kustomize
 
@@ -66,8 +81,10 @@ kustomize=$tools/usr/bin/kustomize
 venv=$cache/venv
 pins="kubernetes-validate==$kubernetes_validate_version helm-python-sdk==$helm_python_sdk_version"
 if [ "$(cat "$venv/PINS" 2>/dev/null)" != "$pins" ]; then
-    python3 -c 'import ensurepip' 2>/dev/null ||
+    if ! python3 -c 'import ensurepip' 2>/dev/null; then
+        apt-get update -qq
         DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends python3-venv
+    fi
     rm -rf "$venv"
     python3 -m venv "$venv"
     # shellcheck disable=SC2086 # pins is a list of requirement specifiers
