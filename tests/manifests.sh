@@ -89,6 +89,11 @@ if [ "$(cat "$venv/PINS" 2>/dev/null)" != "$pins" ]; then
     python3 -m venv "$venv"
     # shellcheck disable=SC2086 # pins is a list of requirement specifiers
     "$venv/bin/pip" install -q --disable-pip-version-check $pins || die "pip install $pins failed"
+    # The wheel carries Helm's library three times (a wheel holds no links): 85 MB each. Keep one.
+    for lib in "$venv"/lib/python3*/site-packages/helm_python/lib/libhelm_c.so{,.0}; do
+        real=$(ls "$venv"/lib/python3*/site-packages/helm_python/lib/libhelm_c.so.*.*.* | head -n1)
+        [ -f "$lib" ] && [ -f "$real" ] && cmp -s "$lib" "$real" && ln -f "$real" "$lib"
+    done
     echo "$pins" >"$venv/PINS"
 fi
 check() { "$venv/bin/python" tests/support/check-manifests.py "$@"; }
