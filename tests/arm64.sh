@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # arm64 (GH200, Grace; issue 9): cross-builds gpu-mps-shim and gpu-mps-api for
-# aarch64-unknown-linux-gnu and runs their tests under qemu-user, then the arm64 shim binary itself.
+# aarch64-unknown-linux-gnu and runs their tests under qemu-user, the arm64 shim binary's included.
 #   bash tests/arm64.sh
 # Installs what it needs from Debian 12 (gcc-aarch64-linux-gnu, libc6-dev-arm64-cross,
 # qemu-user-static) and rustup's aarch64 target. .cargo/config.toml names the linker and makes
@@ -32,6 +32,10 @@ fi
 rustup target list --installed | grep -qx "$target" || rustup target add "$target"
 echo "arm64: $(aarch64-linux-gnu-gcc --version | head -n1), $(qemu-aarch64-static --version | head -n1), $(rustc --version); ready after $((SECONDS - start)) s"
 
+shim=${CARGO_TARGET_DIR:-target}/$target/debug/gpu-mps-shim
+# A run killed before its trap left the stand-in script in the shim's place: put the shim back.
+[ -f "$shim.arm64" ] && mv -f "$shim.arm64" "$shim"
+
 phase=$SECONDS
 built=$(cargo test --locked --target "$target" -p gpu-mps-shim -p gpu-mps-api --no-run 2>&1) ||
     { echo "$built" >&2; die "the cross build failed"; }
@@ -44,7 +48,6 @@ echo "arm64: cross build took $((SECONDS - phase)) s"
 phase=$SECONDS
 cargo test --locked --target "$target" -p gpu-mps-shim -p gpu-mps-api --lib --test golden --test bad_input -- --nocapture
 
-shim=${CARGO_TARGET_DIR:-target}/$target/debug/gpu-mps-shim
 # ELF e_machine (2 bytes at offset 18, little-endian): 0xb7 is EM_AARCH64.
 [ "$(od -An -tx1 -j18 -N2 "$shim" | tr -d ' \n')" = b700 ] || die "$shim is not an arm64 ELF binary"
 mv "$shim" "$shim.arm64"
