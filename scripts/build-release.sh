@@ -6,12 +6,64 @@
 #   gpu-mps-manager, gpu-mps     dynamic: the manager dlopens the driver's libnvidia-ml.so.1,
 #                                which a static glibc binary cannot do reliably
 #   gpu-mps-device-plugin        dynamic: a long-running kubelet plugin, nothing to gain
+#
+#   scripts/build-release.sh                 # this machine's architecture -> target/dist/
+#   scripts/build-release.sh --arch arm64    # arm64 (GH200, Grace) from x86_64 -> target/dist-arm64/
+# --arch arm64 cross-builds with Debian's cross toolchain (gcc-aarch64-linux-gnu, libc6-dev-arm64-cross,
+# installed when missing) and rustup's aarch64-unknown-linux-gnu target (.cargo/config.toml names the
+# linker). There the shim and hook come out static but not PIE (rustc makes no static-pie for that
+# target); the dynamic ones, linked against Debian 12's glibc, use symbols up to GLIBC_2.34.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-target=x86_64-unknown-linux-gnu
-cargo build --release --locked -p gpu-mps-manager -p gpu-mps-cli -p gpu-mps-device-plugin
-RUSTFLAGS='-C target-feature=+crt-static' cargo build --release --locked --target "$target" -p gpu-mps-shim -p gpu-mps-hook
-mkdir -p target/dist
-cp target/release/gpu-mps-manager target/release/gpu-mps target/release/gpu-mps-device-plugin target/dist/
-cp "target/$target/release/gpu-mps-shim" "target/$target/release/gpu-mps-hook" target/dist/
-ls -la target/dist
+
+arch=native
+while [ $# -gt 0 ]; do
+    case $1 in
+        --arch) arch=${2:-}; shift 2 || shift ;;
+        --arch=*) arch=${1#--arch=}; shift ;;
+        -h | --help) awk 'NR > 1 && /^#/ { sub(/^# ?/, ""); print; next } NR > 1 { exit }' "$0"; exit 0 ;;
+        *) echo "build-release: unknown argument '$1' (allowed: --arch arm64; --help)" >&2; exit 2 ;;
+    esac
+done
+
+host=$(rustc -vV | awk '/^host:/ { print $2 }')
+case $arch in amd64 | x86_64) [ "$host" = x86_64-unknown-linux-gnu ] && arch=native ;; esac
+case $arch in
+    native)
+        target=$host
+        dist=target/dist
+        # The dynamic ones without --target: target/release, as `cargo build --release` gives.
+        cargo build --release --locked -p gpu-mps-manager -p gpu-mps-cli -p gpu-mps-device-plugin
+        dynamic_dir=target/release
+        static_dir=target/$target/release
+        static_args=()
+        ;;
+    arm64 | aarch64)
+        target=aarch64-unknown-linux-gnu
+        dist=target/dist-arm64
+        if [ "$host" != "$target" ] &&
+            { ! command -v aarch64-linux-gnu-gcc >/dev/null || [ ! -f /usr/aarch64-linux-gnu/lib/libc.a ]; }; then
+            as_root() { if [ "$(id -u)" = 0 ]; then "$@"; else sudo "$@"; fi; }
+            as_root apt-get update -qq
+            as_root env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends \
+                gcc-aarch64-linux-gnu libc6-dev-arm64-cross
+        fi
+        rustup target list --installed 2>/dev/null | grep -qx "$target" || rustup target add "$target"
+        cargo build --release --locked --target "$target" -p gpu-mps-manager -p gpu-mps-cli -p gpu-mps-device-plugin
+        dynamic_dir=target/$target/release
+        # The static ones in a target dir of their own: same --target, other RUSTFLAGS, and sharing
+        # one dir would rebuild every dependency at each switch.
+        static_args=(--target-dir target/static)
+        static_dir=target/static/$target/release
+        ;;
+    *)
+        echo "build-release: --arch '$arch' is not supported on $host (allowed: arm64, or none for this machine's)" >&2
+        exit 2
+        ;;
+esac
+RUSTFLAGS='-C target-feature=+crt-static' cargo build --release --locked --target "$target" \
+    "${static_args[@]}" -p gpu-mps-shim -p gpu-mps-hook
+mkdir -p "$dist"
+cp "$dynamic_dir/gpu-mps-manager" "$dynamic_dir/gpu-mps" "$dynamic_dir/gpu-mps-device-plugin" "$dist/"
+cp "$static_dir/gpu-mps-shim" "$static_dir/gpu-mps-hook" "$dist/"
+ls -la "$dist"

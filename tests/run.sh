@@ -24,6 +24,8 @@ step "tests";   cargo test --workspace --locked -- --nocapture 2>&1 | tee target
 step "metrics"; bash tests/metrics.sh   # the manager's /metrics, checked with promtool (docs/metrics.md)
 step "image"; bash tests/image.sh   # the DaemonSet image: built with buildah, run through CRI (packaging/README.md)
 step "debian package"; bash tests/deb.sh   # install, run a container, purge in a fresh Debian 12 root (packaging/README.md)
+step "manifests"; bash tests/manifests.sh   # kustomize + Helm renders, schema-checked (packaging/README.md)
+step "arm64"; bash tests/arm64.sh   # shim + api tests cross-built, run under qemu-user (packaging/README.md "arm64")
 step "fuzz smoke"; bash tests/fuzz-smoke.sh   # every cargo-fuzz target 10 s from its corpus (docs/fuzz-results.md)
 step "versions tested"
 grep -hoE 'suite [a-z]+: containerd [^,]+, runc [^ |]+' target/test-output.log | sort -u || true
