@@ -135,10 +135,13 @@ done
 say "removed $binaries from $prefix/bin"
 # Only what the manager keeps there, then the directory if that was all: a root set to a shared
 # directory (root = "/run") loses nothing else.
+# (The list follows api/src/node_config.rs and the manager: its lease files, NVML's reason when no
+# driver loads, and state files it set aside as unusable.)
 for entry in manager.sock manager.lock state.json inventory.json node-config.json \
-    gate-keeper.sock gate-keeper.lock daemons gates; do
+    gate-keeper.sock gate-keeper.lock daemons gates leases nvml-error; do
     rm -rf "${host:?}$root/$entry"
 done
+rm -f "${host:?}$root"/state.json.unusable-*
 if [ ! -e "$host$root" ]; then
     say "no state root $root"
 elif rmdir "$host$root" 2>/dev/null; then
