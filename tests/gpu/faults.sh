@@ -35,6 +35,8 @@ server_pid() { pgrep -f nvidia-cuda-mps-server | head -n1; }
 now_ms() { date +%s%3N; }
 
 write_config exact
+# The manager's Prometheus metrics (docs/metrics.md), read at the end of the run.
+printf '\n[metrics]\nlisten = "127.0.0.1:9401"\n' >>"$CFG"
 start_manager faults || exit 1
 
 log "F2: the control daemon is SIGKILLed under a running CUDA process"
@@ -116,6 +118,22 @@ check F7.handshake.after "afterwards 6Gi/25 % and 2Gi/12 % pods are each held to
     "6Gi: $(f "$(last_json "$D/f7h-after-6.out")"); 2Gi: $(f "$(last_json "$D/f7h-after-2.out")")" \
     'held f7h-after-6 25 && held f7h-after-2 12'
 row F.sets INFO "limit settings by the daemon's owner in this run" "$(grep -c 'server limits set and read back' "$D/manager-faults.log")"
+
+log "metrics: /metrics of the manager that went through these faults, against NVML and gpu-mps status"
+python3 -c 'import urllib.request; print(urllib.request.urlopen("http://127.0.0.1:9401/metrics", timeout=5).read().decode())' >"$D/metrics.txt" 2>"$D/metrics.err"
+metric() { # metric <name>{<labels regex>}: the first sample's value, or "none"
+    awk -v re="^$1 " '$0 ~ re { print $NF; found = 1; exit } END { if (!found) print "none" }' "$D/metrics.txt"
+}
+nvml_mib=$(nvidia-smi --query-gpu=memory.total --format=csv,noheader,nounits -i 0 | tr -d ' ')
+mem=$(metric 'gpu_mps_gpu_memory_bytes[{][^}]*[}]')
+restarted=$(metric 'gpu_mps_daemon_starts_total[{][^}]*how="restarted"[^}]*[}]')
+started=$(metric 'gpu_mps_daemon_starts_total[{][^}]*how="started"[^}]*[}]')
+leases_metric=$(awk '/^gpu_mps_leases[{]/ { n += $NF } END { print n + 0 }' "$D/metrics.txt")
+leases_status=$(jget "$(status_json)" "len(d['leases'])")
+acquired=$(metric 'gpu_mps_acquire_duration_seconds_count[{][^}]*outcome="acquired"[^}]*[}]')
+check M.families "the manager serves its metrics on the GPU: memory from NVML, the F2 restart, leases as status" \
+    "gpu_memory_bytes=$mem (nvidia-smi ${nvml_mib} MiB) daemon_starts started=$started restarted=$restarted leases=$leases_metric (status $leases_status) acquires=$acquired; $(grep -c '^gpu_mps_' "$D/metrics.txt") samples" \
+    '[ "$mem" != none ] && python3 -c "import sys; sys.exit(0 if abs(float(\"$mem\") / 2**20 - $nvml_mib) <= 1 else 1)" && [ "${restarted%.*}" -ge 1 ] 2>/dev/null && [ "$leases_metric" = "$leases_status" ]'
 
 log "summary"
 cut -c1-250 "$RESULTS"
