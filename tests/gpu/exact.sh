@@ -67,14 +67,25 @@ grep -c 'server limits set and read back' "$D/manager-exact.log" | xargs -I{} ro
 fi
 
 if want X2; then
-log "X2: throughput of one server: 4 classes under exact vs one class under uniform (matmul 1024, 25 % each)"
-read -r ex_it ex_p50 ex_p99 ex_ok <<<"$(burst_mixed xt gpu-mps "4Gi:25 5Gi:25 6Gi:25 7Gi:25" matmul --n 1024 --seconds 4)"
-stop_manager; write_config uniform; start_manager uniform || exit 1
-wait_no_daemon
-read -r un_it un_p50 un_p99 un_ok <<<"$(burst_mixed ut gpu-mps "4Gi:25 4Gi:25 4Gi:25 4Gi:25" matmul --n 1024 --seconds 4)"
-ratio=$(python3 -c "print(f'{$ex_it / max($un_it, 1):.3f}')")
-check X2.equal "exact (4 classes) vs uniform (1 class): aggregate it/s within 5 %" \
-    "exact=$ex_it ($ex_ok ok, p50 $ex_p50 ms) uniform=$un_it ($un_ok ok, p50 $un_p50 ms) ratio=$ratio" \
+log "X2: throughput of one server: 4 classes under exact vs one class under uniform (matmul 1024, 25 % each), 3 rounds alternating"
+# One 4 s sample per side ranged 0.925-1.087 over nine runs (docs/gpu-results.md sections 6, 12,
+# 13): the GPU's throughput drifts between samples more than the 5 % the check allows. Three
+# rounds, the sides alternating, compared by their medians.
+ex_runs=() un_runs=() seen=""
+for round in 1 2 3; do
+    read -r it p50 _ ok <<<"$(burst_mixed "xt$round" gpu-mps "4Gi:25 5Gi:25 6Gi:25 7Gi:25" matmul --n 1024 --seconds 4)"
+    ex_runs+=("$it"); seen="$seen exact#$round=$it($ok ok, p50 $p50 ms)"
+    stop_manager; write_config uniform; start_manager "uniform-x2-$round" || exit 1
+    wait_no_daemon
+    read -r it p50 _ ok <<<"$(burst_mixed "ut$round" gpu-mps "4Gi:25 4Gi:25 4Gi:25 4Gi:25" matmul --n 1024 --seconds 4)"
+    un_runs+=("$it"); seen="$seen uniform#$round=$it($ok ok, p50 $p50 ms)"
+    stop_manager; write_config exact; start_manager "exact-x2-$round" || exit 1
+    wait_no_daemon
+done
+ex_list=$(IFS=,; echo "${ex_runs[*]}") un_list=$(IFS=,; echo "${un_runs[*]}")
+ratio=$(python3 -c "import statistics as s; print(f'{s.median([$ex_list]) / max(s.median([$un_list]), 1):.3f}')")
+check X2.equal "exact (4 classes) vs uniform (1 class): median aggregate it/s of 3 alternating rounds within 5 %" \
+    "$seen; ratio of medians=$ratio" \
     "python3 -c 'import sys; sys.exit(0 if abs($ratio - 1) <= 0.05 else 1)'"
 fi
 
