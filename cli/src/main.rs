@@ -257,8 +257,8 @@ enum Command {
     /// check (PASS, WARN, FAIL or SKIP) with the fix for each failure; exit status 1 when a check
     /// fails. Run it as root on the node.
     #[command(after_help = "Examples:
-  sudo gpu-mps doctor
-  sudo gpu-mps doctor --json | jq -r '.checks[] | select(.status == \"FAIL\") | .fix'
+  gpu-mps doctor
+  gpu-mps doctor --json | jq -r '.checks[] | select(.status == \"FAIL\") | .fix'
   gpu-mps doctor --config /etc/gpu-mps/config.toml --containerd-config /etc/containerd/config.toml")]
     Doctor {
         #[command(flatten)]
