@@ -10,7 +10,7 @@
 #   scripts/build-release.sh                 # this machine's architecture -> target/dist/
 #   scripts/build-release.sh --arch arm64    # arm64 (GH200, Grace) from x86_64 -> target/dist-arm64/
 # --arch arm64 cross-builds with Debian's cross toolchain (gcc-aarch64-linux-gnu, libc6-dev-arm64-cross,
-# installed when missing) and rustup's aarch64-unknown-linux-gnu target (.cargo/config.toml names the
+# installed when missing) and rustup's aarch64-unknown-linux-gnu target (this script names the
 # linker). There the shim and hook come out static but not PIE (rustc makes no static-pie for that
 # target); the dynamic ones, linked against Debian 12's glibc, use symbols up to GLIBC_2.34.
 set -euo pipefail
@@ -41,6 +41,8 @@ case $arch in
     arm64 | aarch64)
         target=aarch64-unknown-linux-gnu
         dist=target/dist-arm64
+        # The cross linker, set here only: a native arm64 host links with its own cc.
+        export CARGO_TARGET_AARCH64_UNKNOWN_LINUX_GNU_LINKER=aarch64-linux-gnu-gcc
         if [ "$host" != "$target" ] &&
             { ! command -v aarch64-linux-gnu-gcc >/dev/null || [ ! -f /usr/aarch64-linux-gnu/lib/libc.a ]; }; then
             as_root() { if [ "$(id -u)" = 0 ]; then "$@"; else sudo "$@"; fi; }

@@ -3,8 +3,9 @@
 # aarch64-unknown-linux-gnu and runs their tests under qemu-user, the arm64 shim binary's included.
 #   bash tests/arm64.sh
 # Installs what it needs from Debian 12 (gcc-aarch64-linux-gnu, libc6-dev-arm64-cross,
-# qemu-user-static) and rustup's aarch64 target. .cargo/config.toml names the linker and makes
-# qemu-aarch64-static the runner, so `cargo test --target aarch64-unknown-linux-gnu` runs each test
+# qemu-user-static) and rustup's aarch64 target. It names the linker and makes qemu-aarch64-static
+# the runner through CARGO_TARGET_AARCH64_UNKNOWN_LINUX_GNU_* (not .cargo/config.toml, which would
+# also apply on a native arm64 host, where no qemu is wanted), so `cargo test --target aarch64-unknown-linux-gnu` runs each test
 # binary under it.
 # Run: the shim's unit tests, golden cases (tests/golden.rs), bad inputs (tests/bad_input.rs) and
 # CLI tests (tests/cli.rs), and gpu-mps-api's unit tests. The CLI tests exec the built gpu-mps-shim;
@@ -32,6 +33,9 @@ fi
 rustup target list --installed | grep -qx "$target" || rustup target add "$target"
 echo "arm64: $(aarch64-linux-gnu-gcc --version | head -n1), $(qemu-aarch64-static --version | head -n1), $(rustc --version); ready after $((SECONDS - start)) s"
 
+export CARGO_TARGET_AARCH64_UNKNOWN_LINUX_GNU_LINKER=aarch64-linux-gnu-gcc
+# -L: the arm64 glibc and loader of libc6-arm64-cross, for the dynamically linked test binaries.
+export CARGO_TARGET_AARCH64_UNKNOWN_LINUX_GNU_RUNNER="qemu-aarch64-static -L /usr/aarch64-linux-gnu"
 shim=${CARGO_TARGET_DIR:-target}/$target/debug/gpu-mps-shim
 # A run killed before its trap left the stand-in script in the shim's place: put the shim back.
 [ -f "$shim.arm64" ] && mv -f "$shim.arm64" "$shim"

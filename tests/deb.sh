@@ -272,7 +272,7 @@ dpkg-deb -c "$arm" | grep -c ' \./usr/bin/gpu-mps-shim$' >/dev/null || die "$arm
 rm -f "$arm"
 say "arm64 layout ($(basename "$arm"), stub binaries): ok"
 
-root_tar=$(bash tests/support/debian-root.sh deb-root --variant=minbase)
+root_tar=$(bash tests/support/debian-root.sh deb-root --variant=minbase --include=ca-certificates)
 W=$(mktemp -d /tmp/gpu-mps-deb.XXXXXX)
 trap 'rm -rf "$W"' EXIT
 mkdir -p "$W/root" "$W/files"

@@ -128,6 +128,22 @@ trap 'rm -f "$host$cli"' EXIT
 if GPU_MPS_CONFIG=$node_config chroot "$host" "$cli" status >/dev/null 2>&1; then
     die "a gpu-mps-manager still answers on $root/manager.sock: drain the node's gpu-mps pods and stop it first (kubectl -n gpu-mps-system delete daemonset gpu-mps-manager)"
 fi
+# Leases the manager left (it was stopped, not drained): their containers still run, and their
+# kill and delete go through gpu-mps-shim; removing it now would leave them stuck until containerd
+# restarts, and their MPS daemons without their pipe dirs.
+# A lease file names its container's init pid; the pod runs with hostPID, so /proc is the host's.
+# (A lease whose process is gone is stale: the manager that would drop it is stopped.)
+live=0
+for lease in "$host$root"/leases/*.json; do
+    [ -f "$lease" ] || continue
+    pid=$(sed -n 's/.*"pid": *\([0-9][0-9]*\).*/\1/p' "$lease" | head -n1)
+    if [ -n "$pid" ] && [ -d "/proc/$pid" ]; then
+        live=$((live + 1))
+    fi
+done
+if [ "$live" -gt 0 ] && [ "${FORCE:-false}" != true ]; then
+    die "$live gpu-mps container(s) still run with leases ($root/leases): delete the node's gpu-mps pods first, or set FORCE=true to remove gpu-mps under them"
+fi
 register "$cli" uninstall-containerd
 for b in $binaries; do
     rm -f "$host$prefix/bin/$b"

@@ -303,8 +303,13 @@ const CREATED_MARKER: &str = "# containerd config created by `gpu-mps install-co
 /// The comment after a `version` install added to a config that had none.
 const ADDED_MARKER: &str = " # added by `gpu-mps install-containerd`";
 
-/// Takes out a `version` line install added (it carries [`ADDED_MARKER`]).
+/// Takes out a `version` line install added (it carries [`ADDED_MARKER`]), once nothing else is
+/// left: tables an administrator added since are written in that version's layout, and without
+/// the line containerd 1.x would read them as version 1.
 fn remove_added_version(doc: &mut DocumentMut) {
+    if doc.as_table().iter().any(|(key, _)| key != "version") {
+        return;
+    }
     let added = doc
         .get("version")
         .and_then(|i| i.as_value())
@@ -903,6 +908,21 @@ mod tests {
                 assert_eq!(back.drop_in, None);
             }
         }
+        // Tables the administrator wrote since install are in version 2's layout: the line stays.
+        let existing = files(Some("# tuned by hand\n"));
+        let installed = after(&existing, &plan_install(&existing, &opts(Some(1))).expect("plan"));
+        let mut edited = installed.clone();
+        edited.main = installed
+            .main
+            .map(|m| format!("{m}[plugins.\"io.containerd.grpc.v1.cri\".registry]\nconfig_path = \"/etc/containerd/certs.d\"\n"));
+        let kept = after(
+            &edited,
+            &plan_uninstall(&edited, &opts(Some(1))).expect("uninstall"),
+        )
+        .main
+        .expect("kept");
+        assert!(kept.contains("version = 2"), "{kept}");
+        assert!(kept.contains("config_path"), "{kept}");
     }
 
     #[test]

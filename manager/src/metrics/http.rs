@@ -23,10 +23,13 @@ use super::{Exposition, Format};
 
 pub const METRICS_PATH: &str = "/metrics";
 
-/// Connections served at once; more wait in the listen backlog. A Prometheus server keeps one.
-const MAX_CONNECTIONS: usize = 8;
-/// Longest a client may take to send a request's headers.
-const HEADER_TIMEOUT: Duration = Duration::from_secs(10);
+/// Connections served at once; more wait in the listen backlog. A Prometheus server keeps one;
+/// an idle connection costs a task and a socket, so the cap is high enough that a few clients
+/// holding connections open cannot starve the scraper (and a NetworkPolicy is the real fence).
+const MAX_CONNECTIONS: usize = 64;
+/// Longest a client may take to send a request's headers (also how long an idle connection may
+/// hold a slot before its next request).
+const HEADER_TIMEOUT: Duration = Duration::from_secs(5);
 /// Longest life of one connection (Prometheus opens a new one when it is closed).
 const CONNECTION_LIFETIME: Duration = Duration::from_secs(120);
 

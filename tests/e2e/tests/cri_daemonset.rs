@@ -591,9 +591,10 @@ async fn the_daemonset_installs_serves_a_gpu_container_and_uninstalls(suite: Sui
         client.id
     );
     println!("a GPU container ran through handler gpu-mps: {admitted}");
-    cri.delete_pod(&gpu_pod).await?;
+    let daemon_pid = status["daemons"][0]["control_pid"].as_u64().unwrap_or(0) as u32;
 
-    // kubelet deletes the DaemonSet's pod: SIGTERM to the manager, which stops its daemons.
+    // kubelet deletes the DaemonSet's pod before the node was drained: SIGTERM to the manager,
+    // which keeps the daemon the GPU container's lease uses.
     cri.stop_container(&manager_container).await?;
     let stopped = cri.container_status(&manager_container).await?;
     ensure!(
@@ -603,6 +604,35 @@ async fn the_daemonset_installs_serves_a_gpu_container_and_uninstalls(suite: Sui
         container_log(&manager_container)
     );
     cri.delete_pod(&pod).await?;
+
+    // The uninstall Job refuses: a gpu-mps container still runs with its lease, and removing the
+    // shim under it would leave it stuck.
+    let job_pod = cri
+        .run_pod_sandbox(&job_template.pod_spec(&job.metadata.name, &job.metadata.namespace, ""))
+        .await?;
+    let undrained = cri
+        .create_container(&job_pod, &job_template.container_spec(&uninstall)?)
+        .await?;
+    cri.start_container(&undrained).await?;
+    let (code, restarts) = run_to_exit(&mut containerd, &mut cri, &undrained, &tree).await?;
+    let log = container_log(&undrained);
+    ensure!(
+        code != 0 && restarts == 0 && log.contains("still run with leases"),
+        "uninstall under a running GPU container: exit {code}, {restarts} restarts:\n{log}"
+    );
+    cri.delete_pod(&job_pod).await?;
+    ensure!(
+        tree.installed("gpu-mps-shim").is_file(),
+        "the refused uninstall removed gpu-mps-shim"
+    );
+    // Drained now: the GPU pod goes (its poststop hook finds no manager), and the daemon the
+    // stopped manager left is ended by hand, as an operator would.
+    cri.delete_pod(&gpu_pod).await?;
+    if daemon_pid != 0 {
+        let servers = processes::children_of(daemon_pid);
+        processes::kill_hard(daemon_pid);
+        servers.into_iter().for_each(processes::kill_hard);
+    }
 
     // The uninstall Job, created again (a new pod): the config as before, byte for byte; the
     // binaries and the state root gone.
