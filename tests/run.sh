@@ -15,7 +15,7 @@ export GPU_MPS_CACHE=${GPU_MPS_CACHE:-$HOME/.cache/gpu-mps}
 bash tests/support/fetch-containerd.sh "$GPU_MPS_CACHE"
 for s in "$GPU_MPS_CACHE"/containerd/*/; do echo "containerd suite $(basename "$s"): $(tr '\n' ' ' <"$s/VERSIONS")"; done
 
-step() { echo; echo "=== $*"; }
+step() { echo; echo "=== $* ($(date -u +%T), $((SECONDS / 60)) min $((SECONDS % 60)) s in)"; }
 step "format";  cargo fmt --all -- --check
 step "clippy";  cargo clippy --workspace --all-targets --locked -- -D warnings
 step "build";   cargo build --workspace --bins --locked
