@@ -16,16 +16,22 @@ bash tests/support/fetch-containerd.sh "$GPU_MPS_CACHE"
 for s in "$GPU_MPS_CACHE"/containerd/*/; do echo "containerd suite $(basename "$s"): $(tr '\n' ' ' <"$s/VERSIONS")"; done
 
 step() { echo; echo "=== $* ($(date -u +%T), $((SECONDS / 60)) min $((SECONDS % 60)) s in)"; }
+mkdir -p target
+# Downloads for the packaging steps, while the workspace compiles (tests/support/prefetch.sh).
+bash tests/support/prefetch.sh >target/prefetch.log 2>&1 &
+prefetch=$!
 step "format";  cargo fmt --all -- --check
 step "clippy";  cargo clippy --workspace --all-targets --locked -- -D warnings
 step "build";   cargo build --workspace --bins --locked
 RUSTFLAGS='-C target-feature=+crt-static' cargo build -p gpu-mps-checker --target x86_64-unknown-linux-gnu --locked
 step "tests";   cargo test --workspace --locked -- --nocapture 2>&1 | tee target/test-output.log
+step "prefetch"; wait "$prefetch" && tail -n2 target/prefetch.log ||
+    { echo "prefetch failed (each step fetches for itself):"; tail -n5 target/prefetch.log; }
 step "metrics"; bash tests/metrics.sh   # the manager's /metrics, checked with promtool (docs/metrics.md)
 step "image"; bash tests/image.sh   # the DaemonSet image: built with buildah, run through CRI (packaging/README.md)
 step "debian package"; bash tests/deb.sh   # install, run a container, purge in a fresh Debian 12 root (packaging/README.md)
 step "manifests"; bash tests/manifests.sh   # kustomize + Helm renders, schema-checked (packaging/README.md)
 step "arm64"; bash tests/arm64.sh   # shim + api tests cross-built, run under qemu-user (packaging/README.md "arm64")
-step "fuzz smoke"; bash tests/fuzz-smoke.sh   # every cargo-fuzz target 10 s from its corpus (docs/fuzz-results.md)
+step "fuzz smoke"; FUZZ_SECONDS=${FUZZ_SECONDS:-5} bash tests/fuzz-smoke.sh   # every cargo-fuzz target 5 s from its corpus (docs/fuzz-results.md)
 step "versions tested"
 grep -hoE 'suite [a-z]+: containerd [^,]+, runc [^ |]+' target/test-output.log | sort -u || true
