@@ -35,9 +35,12 @@ die() { echo "manifests: $*" >&2; exit 1; }
 # --- kubectl and kustomize from Debian sid ---
 . tests/support/private-apt.sh
 tools=$cache/sid-root
+# In this shell, not in sid_versions' subshell: fetch_tools needs what it sets.
+apt_ready=false
+private_apt_init sid "${GPU_MPS_CACHE:-$HOME/.cache/gpu-mps}" && apt_ready=true
 # Prints "kubectl <version> kustomize <version> " as sid has them today; fails if it has not both.
 sid_versions() {
-    private_apt_init sid "${GPU_MPS_CACHE:-$HOME/.cache/gpu-mps}" || return 1
+    $apt_ready || return 1
     local pkg ver
     for pkg in kubectl kustomize; do
         ver=$(private_apt_candidate "$pkg") || { echo "Debian sid has no $pkg package today" >&2; return 1; }
