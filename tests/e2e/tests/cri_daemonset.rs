@@ -344,6 +344,34 @@ async fn expect_no_gpu_mps_handler(cri: &mut CriClient, name: &str) -> Result<()
 
 /// Runs `container` of `template` in `pod` to its exit; it must exit 0 after `restarts`
 /// containerd restarts (one when it changed containerd's config). Returns its log.
+/// Runs the uninstall Job in a pod of its own and checks that it refused, with `why` in its log,
+/// restarting nothing and removing no binary.
+async fn uninstall_refused(
+    containerd: &mut Containerd,
+    cri: &mut CriClient,
+    (pod_spec, spec): (&PodSpec, &ContainerSpec),
+    tree: &HostTree,
+    why: &str,
+) -> Result<()> {
+    let pod = cri.run_pod_sandbox(pod_spec).await?;
+    let job = cri.create_container(&pod, spec).await?;
+    cri.start_container(&job).await?;
+    let (code, restarts) = run_to_exit(containerd, cri, &job, tree).await?;
+    let log = container_log(&job);
+    ensure!(
+        code != 0 && restarts == 0 && log.contains(why),
+        "the uninstall did not refuse with {why:?}: exit {code}, {restarts} restarts:\n{log}"
+    );
+    cri.delete_pod(&pod).await?;
+    for binary in BINARIES {
+        ensure!(
+            tree.installed(binary).is_file(),
+            "the refused uninstall removed {binary}"
+        );
+    }
+    Ok(())
+}
+
 async fn run_installer(
     containerd: &mut Containerd,
     cri: &mut CriClient,
@@ -541,26 +569,16 @@ async fn the_daemonset_installs_serves_a_gpu_container_and_uninstalls(suite: Sui
     let mut uninstall = job_template.container("uninstall")?.clone();
     tree.point_installer(&mut uninstall, &containerd)?;
     uninstall.override_env(&[("PURGE_NODE_CONFIG", "false")])?;
-    let job_pod = cri
-        .run_pod_sandbox(&job_template.pod_spec(&job.metadata.name, &job.metadata.namespace, ""))
-        .await?;
-    let early = cri
-        .create_container(&job_pod, &job_template.container_spec(&uninstall)?)
-        .await?;
-    cri.start_container(&early).await?;
-    let (code, restarts) = run_to_exit(&mut containerd, &mut cri, &early, &tree).await?;
-    let log = container_log(&early);
-    ensure!(
-        code != 0 && restarts == 0 && log.contains("still answers"),
-        "uninstall with the manager running: exit {code}, {restarts} restarts:\n{log}"
-    );
-    cri.delete_pod(&job_pod).await?;
-    for binary in BINARIES {
-        ensure!(
-            tree.installed(binary).is_file(),
-            "the refused uninstall removed {binary}"
-        );
-    }
+    let job_pod_spec = job_template.pod_spec(&job.metadata.name, &job.metadata.namespace, "");
+    let job_spec = job_template.container_spec(&uninstall)?;
+    uninstall_refused(
+        &mut containerd,
+        &mut cri,
+        (&job_pod_spec, &job_spec),
+        &tree,
+        "still answers",
+    )
+    .await?;
 
     // A GPU container through the registered handler and the manager container.
     let gpu = fake_gpus(1, FAKE_GPU_MEMORY)[0].uuid.clone();
@@ -607,24 +625,14 @@ async fn the_daemonset_installs_serves_a_gpu_container_and_uninstalls(suite: Sui
 
     // The uninstall Job refuses: a gpu-mps container still runs with its lease, and removing the
     // shim under it would leave it stuck.
-    let job_pod = cri
-        .run_pod_sandbox(&job_template.pod_spec(&job.metadata.name, &job.metadata.namespace, ""))
-        .await?;
-    let undrained = cri
-        .create_container(&job_pod, &job_template.container_spec(&uninstall)?)
-        .await?;
-    cri.start_container(&undrained).await?;
-    let (code, restarts) = run_to_exit(&mut containerd, &mut cri, &undrained, &tree).await?;
-    let log = container_log(&undrained);
-    ensure!(
-        code != 0 && restarts == 0 && log.contains("still run with leases"),
-        "uninstall under a running GPU container: exit {code}, {restarts} restarts:\n{log}"
-    );
-    cri.delete_pod(&job_pod).await?;
-    ensure!(
-        tree.installed("gpu-mps-shim").is_file(),
-        "the refused uninstall removed gpu-mps-shim"
-    );
+    uninstall_refused(
+        &mut containerd,
+        &mut cri,
+        (&job_pod_spec, &job_spec),
+        &tree,
+        "still run with leases",
+    )
+    .await?;
     // Drained now: the GPU pod goes (its poststop hook finds no manager), and the daemon the
     // stopped manager left is ended by hand, as an operator would.
     cri.delete_pod(&gpu_pod).await?;
