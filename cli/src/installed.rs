@@ -24,6 +24,29 @@ pub fn default_shim_path() -> PathBuf {
     shim_next_to(std::env::current_exe().ok().as_deref())
 }
 
+/// Why the shim the entry names cannot run, if it cannot: containerd takes the entry either way,
+/// and every pod of the runtime then fails at its start with "no such file". `on_host` is where
+/// `shim` lies as this process sees the host (under --host-root).
+pub fn shim_warning(shim: &Path, on_host: &Path) -> Option<String> {
+    use std::os::unix::fs::PermissionsExt;
+    let seen = if on_host == shim {
+        String::new()
+    } else {
+        format!(" (looked at {})", on_host.display())
+    };
+    let problem = match std::fs::metadata(on_host) {
+        Ok(m) if m.is_file() && m.permissions().mode() & 0o111 != 0 => return None,
+        Ok(m) if m.is_file() => "is not executable",
+        Ok(_) => "is not a file",
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => "does not exist",
+        Err(_) => "cannot be read",
+    };
+    Some(format!(
+        "{} {problem}{seen}: every pod of the gpu-mps runtime fails to start until gpu-mps-shim is there; install it (the gpu-mps package and the DaemonSet do), or rerun with --shim <its path>",
+        shim.display()
+    ))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -44,5 +67,31 @@ mod tests {
     fn an_unknown_or_relative_location_falls_back_to_usr_local_bin() {
         assert_eq!(shim_next_to(None), Path::new(SHIM_PATH));
         assert_eq!(shim_next_to(Some(Path::new("gpu-mps"))), Path::new(SHIM_PATH));
+    }
+
+    #[test]
+    fn a_missing_or_unrunnable_shim_is_named_with_the_fix() {
+        use std::os::unix::fs::PermissionsExt;
+        let dir = tempfile::tempdir().expect("tempdir");
+        let shim = dir.path().join("gpu-mps-shim");
+        let missing = shim_warning(Path::new("/usr/bin/gpu-mps-shim"), &shim).expect("missing");
+        assert!(
+            missing.starts_with(&format!(
+                "/usr/bin/gpu-mps-shim does not exist (looked at {})",
+                shim.display()
+            )),
+            "{missing}"
+        );
+        assert!(missing.contains("--shim <its path>"), "{missing}");
+        std::fs::write(&shim, "#!/bin/sh\n").expect("write");
+        std::fs::set_permissions(&shim, std::fs::Permissions::from_mode(0o644)).expect("chmod");
+        let plain = shim_warning(&shim, &shim).expect("not executable");
+        assert!(
+            plain.starts_with(&format!("{} is not executable:", shim.display())),
+            "{plain}"
+        );
+        std::fs::set_permissions(&shim, std::fs::Permissions::from_mode(0o755)).expect("chmod");
+        assert_eq!(shim_warning(&shim, &shim), None);
+        assert!(shim_warning(dir.path(), dir.path()).expect("dir").contains("is not a file"));
     }
 }

@@ -83,7 +83,11 @@ fn register(r: &RegistrationArgs, remove: bool, node_config: &Path) -> anyhow::R
     } else {
         reg::install(&opts, containerd.as_deref(), r.dry_run)?
     };
-    for w in &outcome.warnings {
+    let mut warnings = outcome.warnings.clone();
+    if !remove {
+        warnings.extend(installed::shim_warning(&r.shim, &opts.on_host(&r.shim)));
+    }
+    for w in &warnings {
         eprintln!("gpu-mps: warning: {w}");
     }
     if outcome.plan.is_empty() {

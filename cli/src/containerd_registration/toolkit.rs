@@ -100,7 +100,9 @@ pub struct ToolkitFacts {
     pub binary: Option<PathBuf>,
 }
 
-pub(super) fn is_toolkit_binary(binary: &str) -> bool {
+/// Whether a runtime binary is the toolkit's (nvidia-container-runtime or its `.cdi` / `.legacy`
+/// variants), by its file name.
+pub fn is_toolkit_binary(binary: &str) -> bool {
     Path::new(binary)
         .file_name()
         .is_some_and(|n| n.to_string_lossy().starts_with(TOOLKIT_BINARY))

@@ -20,7 +20,7 @@ use super::{
     CdiFacts, CdiSpec, ConfigFacts, ConfigState, ContainerdFacts, DescriptorFacts, DoctorError, Facts,
     FileState, GpuFacts, GpuSeen, GpuSource, ManagerAnswer, ManagerFacts, MpsFacts, NvmlProbe,
     ProcessDescriptors, RegistrationFacts, RuncFacts, RunningContainerd, containerd_config_arg,
-    nvidia_runtimes, parse_boot_time, parse_cdi_spec, parse_nvidia_smi, parse_open_files_limit,
+    parse_boot_time, parse_cdi_spec, parse_nvidia_smi, parse_open_files_limit,
     parse_start_ticks,
 };
 use crate::containerd_registration::{self as reg, InstallOptions};
@@ -234,10 +234,7 @@ fn gather_runc(node: &NodeConfig, dump: Option<&str>) -> RuncFacts {
         .filter(|p| *p != node.runc_path && file_state(p).is_executable())
         .collect();
     runc_elsewhere.dedup();
-    let toolkit_binary = match locate(
-        Path::new("nvidia-container-runtime"),
-        &["/usr/local/nvidia/toolkit"],
-    ) {
+    let toolkit_binary = match locate(Path::new(reg::TOOLKIT_BINARY), &reg::TOOLKIT_DIRS) {
         FileState::Executable { at } => Some(at),
         _ => None,
     };
@@ -245,7 +242,7 @@ fn gather_runc(node: &NodeConfig, dump: Option<&str>) -> RuncFacts {
         runc_path: node.runc_path.clone(),
         runc,
         runc_elsewhere,
-        nvidia_runtimes: dump.map(nvidia_runtimes).unwrap_or_default(),
+        nvidia_runtimes: dump.map(reg::toolkit_runtimes).unwrap_or_default(),
         toolkit_binary,
     }
 }

@@ -44,7 +44,7 @@ pub use registration::{
     ContainerdFacts, RegistrationFacts, RunningContainerd, containerd_config_arg, parse_boot_time,
     parse_start_ticks,
 };
-pub use runc::{RuncFacts, nvidia_runtimes};
+pub use runc::RuncFacts;
 
 /// Why a fact could not be gathered. Recorded in the facts and shown in the check's line.
 #[derive(Debug, Error)]

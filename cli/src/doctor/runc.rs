@@ -8,12 +8,10 @@
 
 use std::path::{Path, PathBuf};
 
-use toml_edit::{DocumentMut, Item};
-
 use super::{Check, FileState};
+use crate::containerd_registration::{ToolkitRuntime, is_toolkit_binary};
 
 const NAME: &str = "runc";
-pub const TOOLKIT_RUNTIME: &str = "nvidia-container-runtime";
 
 #[derive(Debug)]
 pub struct RuncFacts {
@@ -21,8 +19,8 @@ pub struct RuncFacts {
     pub runc: FileState,
     /// runc binaries found elsewhere on the node, for the fix when runc_path is wrong.
     pub runc_elsewhere: Vec<PathBuf>,
-    /// containerd runtime entries of the toolkit, as "name (BinaryName ...)".
-    pub nvidia_runtimes: Vec<String>,
+    /// containerd runtime entries of the toolkit, from `config dump`.
+    pub nvidia_runtimes: Vec<ToolkitRuntime>,
     /// nvidia-container-runtime, where it is installed.
     pub toolkit_binary: Option<PathBuf>,
 }
@@ -49,11 +47,7 @@ pub fn check(f: &RuncFacts, config_path: &Path) -> Check {
             fix,
         );
     }
-    let chained = f
-        .runc_path
-        .file_name()
-        .is_some_and(|n| n.to_string_lossy().contains(TOOLKIT_RUNTIME));
-    if chained {
+    if is_toolkit_binary(&f.runc_path.to_string_lossy()) {
         return Check::pass(
             NAME,
             format!(
@@ -63,7 +57,8 @@ pub fn check(f: &RuncFacts, config_path: &Path) -> Check {
     }
     let mut toolkit = Vec::new();
     if !f.nvidia_runtimes.is_empty() {
-        toolkit.push(format!("containerd has {}", f.nvidia_runtimes.join(", ")));
+        let runtimes: Vec<String> = f.nvidia_runtimes.iter().map(ToString::to_string).collect();
+        toolkit.push(format!("containerd has {}", runtimes.join(", ")));
     }
     if let Some(binary) = &f.toolkit_binary {
         toolkit.push(format!("{} is installed", binary.display()));
@@ -91,44 +86,6 @@ pub fn check(f: &RuncFacts, config_path: &Path) -> Check {
             "either run `gpu-mps install-containerd --chain-toolkit=yes` (it sets runc_path = \"{toolkit_path}\" in {config}) and restart gpu-mps-manager, so that the toolkit adds the GPU to each container after gpu-mps-shim (docs/gpu-paths.md); or hand GPUs over as CDI devices (a CDI spec from `nvidia-ctk cdi generate`, CDI enabled in containerd, a device plugin that allocates CDI devices), which needs no chained runtime"
         ),
     )
-}
-
-/// The containerd runtime entries of the NVIDIA Container Toolkit in a `config dump`: those named
-/// nvidia (nvidia, nvidia-cdi, nvidia-legacy, as the toolkit and the GPU operator name them) or
-/// whose BinaryName is nvidia-container-runtime.
-pub fn nvidia_runtimes(dump: &str) -> Vec<String> {
-    let Ok(doc) = dump.parse::<DocumentMut>() else {
-        return Vec::new();
-    };
-    let runtimes = ["io.containerd.cri.v1.runtime", "io.containerd.grpc.v1.cri"]
-        .iter()
-        .find_map(|plugin| {
-            doc.get("plugins")
-                .and_then(|p| p.get(plugin))
-                .and_then(|p| p.get("containerd"))
-                .and_then(|c| c.get("runtimes"))
-                .and_then(Item::as_table_like)
-        });
-    let Some(runtimes) = runtimes else {
-        return Vec::new();
-    };
-    runtimes
-        .iter()
-        .filter_map(|(name, entry)| {
-            let binary = entry
-                .get("options")
-                .and_then(|o| o.get("BinaryName"))
-                .and_then(Item::as_str)
-                .unwrap_or("");
-            (name.contains("nvidia") || binary.contains(TOOLKIT_RUNTIME)).then(|| {
-                if binary.is_empty() {
-                    format!("runtime {name:?}")
-                } else {
-                    format!("runtime {name:?} (BinaryName {binary})")
-                }
-            })
-        })
-        .collect()
 }
 
 #[cfg(test)]
@@ -201,7 +158,11 @@ mod tests {
             "{fix}"
         );
         let mut f = facts();
-        f.nvidia_runtimes = vec!["runtime \"nvidia\"".into()];
+        f.nvidia_runtimes = vec![ToolkitRuntime {
+            name: "nvidia".into(),
+            binary: None,
+            default: false,
+        }];
         let c = check(&f, Path::new(CONFIG));
         assert_eq!(c.status, Status::Warn);
         assert!(
@@ -222,31 +183,5 @@ mod tests {
         let c = check(&f, Path::new(CONFIG));
         assert_eq!(c.status, Status::Pass);
         assert!(c.found.contains("NVIDIA Container Toolkit adds"), "{}", c.found);
-    }
-
-    #[test]
-    fn toolkit_entries_of_a_dump() {
-        let v2 = r#"version = 2
-[plugins."io.containerd.grpc.v1.cri".containerd.runtimes.runc]
-  runtime_type = "io.containerd.runc.v2"
-[plugins."io.containerd.grpc.v1.cri".containerd.runtimes.nvidia]
-  runtime_type = "io.containerd.runc.v2"
-  [plugins."io.containerd.grpc.v1.cri".containerd.runtimes.nvidia.options]
-    BinaryName = "/usr/bin/nvidia-container-runtime"
-[plugins."io.containerd.grpc.v1.cri".containerd.runtimes.gpu]
-  [plugins."io.containerd.grpc.v1.cri".containerd.runtimes.gpu.options]
-    BinaryName = "/usr/local/nvidia/toolkit/nvidia-container-runtime.cdi"
-"#;
-        assert_eq!(
-            nvidia_runtimes(v2),
-            vec![
-                "runtime \"nvidia\" (BinaryName /usr/bin/nvidia-container-runtime)".to_string(),
-                "runtime \"gpu\" (BinaryName /usr/local/nvidia/toolkit/nvidia-container-runtime.cdi)".into(),
-            ]
-        );
-        let v3 = "version = 3\n[plugins.'io.containerd.cri.v1.runtime'.containerd.runtimes.nvidia-cdi]\nruntime_type = 'io.containerd.runc.v2'\n";
-        assert_eq!(nvidia_runtimes(v3), vec!["runtime \"nvidia-cdi\"".to_string()]);
-        assert!(nvidia_runtimes("not toml [").is_empty());
-        assert!(nvidia_runtimes("version = 2\n").is_empty());
     }
 }
