@@ -92,6 +92,10 @@ mod tests {
         );
         std::fs::set_permissions(&shim, std::fs::Permissions::from_mode(0o755)).expect("chmod");
         assert_eq!(shim_warning(&shim, &shim), None);
-        assert!(shim_warning(dir.path(), dir.path()).expect("dir").contains("is not a file"));
+        assert!(
+            shim_warning(dir.path(), dir.path())
+                .expect("dir")
+                .contains("is not a file")
+        );
     }
 }

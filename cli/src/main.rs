@@ -9,6 +9,7 @@ use std::path::Path;
 use anyhow::Context;
 use clap::{Parser, Subcommand};
 use gpu_mps_api::client::ManagerConnection;
+use gpu_mps_api::message::error_chain_line;
 use gpu_mps_api::node_config::{self, NodeConfig};
 use gpu_mps_api::status_view::StatusView;
 use gpu_mps_cli::containerd_registration as reg;
@@ -225,18 +226,32 @@ struct Args {
 
 #[derive(Debug, Subcommand)]
 enum Command {
-    /// GPUs, daemons and leases.
+    /// GPUs, daemons and leases, as the running manager sees them (fails within a second when no
+    /// manager answers).
+    #[command(after_help = "Examples:
+  gpu-mps status
+  gpu-mps status --json | jq '.gpus[] | {uuid, compute_mode}'
+  gpu-mps --config /etc/gpu-mps/config.toml --socket /run/gpu-mps/manager.sock status")]
     Status {
+        /// The manager's whole answer as JSON.
         #[arg(long)]
         json: bool,
     },
     /// MPS control daemons: state, pids, limits on their servers, leases.
+    #[command(after_help = "Examples:
+  gpu-mps daemons
+  gpu-mps daemons --json | jq '.[] | {key, control_pid}'")]
     Daemons {
+        /// The daemons as JSON.
         #[arg(long)]
         json: bool,
     },
     /// Leases: which container holds which daemon with which limits.
+    #[command(after_help = "Examples:
+  gpu-mps leases
+  gpu-mps leases --json | jq -r '.[].container_id'")]
     Leases {
+        /// The leases as JSON.
         #[arg(long)]
         json: bool,
     },
@@ -252,6 +267,10 @@ enum Command {
         registration: RegistrationArgs,
     },
     /// Remove what install-containerd added, restoring the containerd config.
+    #[command(after_help = "Examples:
+  gpu-mps uninstall-containerd --dry-run
+  gpu-mps uninstall-containerd
+  gpu-mps uninstall-containerd --containerd-config /tmp/ctd/config.toml --containerd /usr/bin/containerd")]
     UninstallContainerd {
         #[command(flatten)]
         registration: RegistrationArgs,
@@ -269,6 +288,9 @@ enum Command {
         doctor: DoctorArgs,
     },
     /// Show, as a diff, how gpu-mps-shim would rewrite a bundle's config.json (nothing is written).
+    #[command(after_help = "Examples:
+  gpu-mps explain /run/containerd/io.containerd.runtime.v2.task/k8s.io/<container-id>
+  gpu-mps explain ./bundle --inventory /run/gpu-mps/inventory.json")]
     Explain {
         /// The bundle directory (the one holding config.json), e.g.
         /// /run/containerd/io.containerd.runtime.v2.task/k8s.io/<container-id>.
@@ -350,7 +372,7 @@ fn main() -> ExitCode {
     match run(Args::parse()) {
         Ok(code) => code,
         Err(e) => {
-            eprintln!("gpu-mps: {e:#}");
+            eprintln!("gpu-mps: {}", error_chain_line(e.chain()));
             ExitCode::FAILURE
         }
     }

@@ -75,8 +75,9 @@ async fn main() {
         .init();
     let args = Args::parse();
     if let Err(e) = run(args).await {
-        error!("{e:#}");
-        eprintln!("gpu-mps-device-plugin: {e:#}");
+        let line = gpu_mps_api::message::error_chain_line(e.chain());
+        error!("{line}");
+        eprintln!("gpu-mps-device-plugin: {line}");
         std::process::exit(1);
     }
 }

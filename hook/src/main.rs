@@ -16,6 +16,7 @@ use std::time::Duration;
 
 use clap::{Parser, Subcommand};
 use gpu_mps_api::client::{ClientError, ManagerConnection};
+use gpu_mps_api::message::without_os_error_numbers;
 use gpu_mps_api::node_config::GATE_SOCKET;
 use gpu_mps_api::proto;
 use thiserror::Error;
@@ -30,30 +31,58 @@ struct Args {
     stage: Stage,
 }
 
-const EXAMPLE: &str = "\
-Example (what gpu-mps-shim writes into config.json, and runc runs with the OCI state on stdin):
-  gpu-mps-hook create-runtime --socket=/run/gpu-mps/manager.sock --timeout-seconds=10 \\
+// Each example is written once: the top-level help shows both, each subcommand's its own.
+macro_rules! create_runtime_example {
+    () => {
+        "  gpu-mps-hook create-runtime --socket=/run/gpu-mps/manager.sock --timeout-seconds=10 \\
     --gpus=GPU-9e2f7c3d-0b4a-41e6-8d5c-2a7b9f1e3d02 --memory-limit-bytes=4294967296 \\
-    --active-thread-percentage=25 --namespace=team-a --pod=infer --container-name=infer
-  gpu-mps-hook poststop --socket=/run/gpu-mps/manager.sock --gate-dir=/run/gpu-mps/gates/4844287073c56bf2";
+    --active-thread-percentage=25 --namespace=team-a --pod=infer --container-name=infer"
+    };
+}
+macro_rules! poststop_example {
+    () => {
+        "  gpu-mps-hook poststop --socket=/run/gpu-mps/manager.sock --gate-dir=/run/gpu-mps/gates/4844287073c56bf2"
+    };
+}
+
+const EXAMPLE: &str = concat!(
+    "Example (what gpu-mps-shim writes into config.json, and runc runs with the OCI state on stdin):\n",
+    create_runtime_example!(),
+    "\n",
+    poststop_example!()
+);
+const CREATE_RUNTIME_EXAMPLE: &str = concat!(
+    "Example (runc runs it with the container's OCI state on stdin):\n",
+    create_runtime_example!()
+);
+const POSTSTOP_EXAMPLE: &str = concat!(
+    "Example (runc runs it with the container's OCI state on stdin):\n",
+    poststop_example!()
+);
 
 #[derive(Debug, Subcommand)]
 enum Stage {
     /// Acquire the lease (OCI createRuntime hook).
+    #[command(after_help = CREATE_RUNTIME_EXAMPLE)]
     CreateRuntime {
         #[command(flatten)]
         common: Common,
         /// GPU UUIDs, comma separated.
         #[arg(long, value_delimiter = ',', required = true)]
         gpus: Vec<String>,
+        /// Pinned device memory of the container's CUDA processes together, in bytes.
         #[arg(long)]
         memory_limit_bytes: u64,
+        /// Share of the GPU's SMs, in percent.
         #[arg(long)]
         active_thread_percentage: u32,
+        /// The pod's namespace (for tenancy and the manager's log).
         #[arg(long, default_value = "")]
         namespace: String,
+        /// The pod's name (for the manager's log and status).
         #[arg(long, default_value = "")]
         pod: String,
+        /// The container's name in its pod.
         #[arg(long, default_value = "")]
         container_name: String,
         /// CUDA processes the container may run (its memory limit is their total).
@@ -70,6 +99,7 @@ enum Stage {
         memory_units: Units,
     },
     /// Release the lease (OCI poststop hook).
+    #[command(after_help = POSTSTOP_EXAMPLE)]
     Poststop {
         #[command(flatten)]
         common: Common,
@@ -215,12 +245,13 @@ fn main() -> ExitCode {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) if poststop => {
             eprintln!(
-                "gpu-mps: warning: releasing the lease failed: {e} (the manager drops it once the container is gone)"
+                "gpu-mps: warning: releasing the lease failed: {} (the manager drops it once the container is gone)",
+                without_os_error_numbers(&e.to_string())
             );
             ExitCode::SUCCESS
         }
         Err(e) => {
-            eprintln!("gpu-mps: {e}");
+            eprintln!("gpu-mps: {}", without_os_error_numbers(&e.to_string()));
             ExitCode::FAILURE
         }
     }

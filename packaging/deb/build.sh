@@ -160,13 +160,24 @@ foreign_depends() {
     echo "$deps"
 }
 
+# dpkg-shlibdeps comes with dpkg-dev, which a fresh Debian 12 root lacks: installed as build-release.sh
+# installs what it needs (as root, else through sudo).
+install_dpkg_dev() {
+    local as_root=()
+    [ "$(id -u)" = 0 ] || as_root=(sudo)
+    echo "deb: installing dpkg-dev (dpkg-shlibdeps)" >&2
+    { "${as_root[@]}" env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends dpkg-dev >/dev/null ||
+        { "${as_root[@]}" apt-get update -qq && "${as_root[@]}" env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends dpkg-dev >/dev/null; }; } &&
+        command -v dpkg-shlibdeps >/dev/null
+}
+
 shlibs=""
 if [ ${#elves[@]} -gt 0 ]; then
     if [ "$arch" != "$native" ] || [ "${GPU_MPS_DEB_DEPENDS_FROM:-}" = readelf ]; then
         command -v readelf >/dev/null || die "readelf not found (apt-get install binutils): needed for the dependencies of $arch binaries"
         deps=$(foreign_depends "${elves[@]}")
         [ -z "$deps" ] || shlibs=", $deps"
-    elif command -v dpkg-shlibdeps >/dev/null; then
+    elif command -v dpkg-shlibdeps >/dev/null || install_dpkg_dev; then
         mkdir -p "$stage/shlibs/debian"
         printf 'Source: gpu-mps\n\nPackage: gpu-mps\nArchitecture: any\n' >"$stage/shlibs/debian/control"
         deps=$(cd "$stage/shlibs" && dpkg-shlibdeps -O "${elves[@]}" 2> >(grep -v 'should already be installed' >&2)) ||
@@ -174,7 +185,7 @@ if [ ${#elves[@]} -gt 0 ]; then
         deps=${deps#shlibs:Depends=}
         [ -z "$deps" ] || shlibs=", $deps"
     else
-        die "dpkg-shlibdeps not found (apt-get install dpkg-dev): the package would not depend on libc6"
+        die "dpkg-shlibdeps not found and dpkg-dev could not be installed (apt-get install dpkg-dev): the package would not depend on libc6"
     fi
 fi
 

@@ -11,7 +11,8 @@
 #                                  uninstall-containerd`: the config as it was before the install,
 #                                  byte for byte, with backups of it left next to it), the binaries
 #                                  and the manager's state root removed; the node config is kept
-#                                  unless PURGE_NODE_CONFIG=true. Refused while a manager answers.
+#                                  unless PURGE_NODE_CONFIG=true. Waits for a manager that still
+#                                  answers to stop (MANAGER_WAIT_SECONDS), then refuses.
 #
 # Every path below is a path on the host; the defaults are the DaemonSet's.
 #   HOST_ROOT                  where the host's / is mounted in this container (/host)
@@ -25,6 +26,9 @@
 #   CONTAINERD_RESTART_COMMAND how, run with the host's /bin/sh inside the host's root
 #                              (systemctl restart containerd)
 #   PURGE_NODE_CONFIG          uninstall only: true removes the node config too (false)
+#   MANAGER_WAIT_SECONDS       uninstall only: how long to wait for a gpu-mps-manager that still
+#                              answers to stop, as the DaemonSet's pod leaves a node whose label
+#                              was taken off (120)
 set -eu
 
 mode=${1:-install}
@@ -125,8 +129,21 @@ cli=$prefix/bin/.gpu-mps.uninstall
 install -d -m 0755 "$host$prefix/bin"
 install -m 0755 "$dist/bin/gpu-mps" "$host$cli"
 trap 'rm -f "$host$cli"' EXIT
-if GPU_MPS_CONFIG=$node_config chroot "$host" "$cli" status >/dev/null 2>&1; then
-    die "a gpu-mps-manager still answers on $root/manager.sock: drain the node's gpu-mps pods and stop it first (kubectl -n gpu-mps-system delete daemonset gpu-mps-manager)"
+manager_answers() { GPU_MPS_CONFIG=$node_config chroot "$host" "$cli" status >/dev/null 2>&1; }
+wait_seconds=${MANAGER_WAIT_SECONDS:-120}
+case $wait_seconds in '' | *[!0-9]*) die "MANAGER_WAIT_SECONDS=$wait_seconds: expected a number of seconds" ;; esac
+if manager_answers; then
+    say "a gpu-mps-manager answers on $root/manager.sock: waiting up to $wait_seconds s for it to stop (the DaemonSet's pod leaves once the node's label is off)"
+    waited=0
+    # `status` answers or fails within a second, so the loop keeps to the limit.
+    while [ "$waited" -lt "$wait_seconds" ] && manager_answers; do
+        sleep 2
+        waited=$((waited + 2))
+    done
+    if manager_answers; then
+        die "a gpu-mps-manager still answers on $root/manager.sock after $wait_seconds s: take the node's label off so that the DaemonSet's pod leaves it (kubectl label node <node> gpu-mps.io/enabled-), or stop the manager (systemctl stop gpu-mps-manager), then run this again"
+    fi
+    say "the manager stopped after about $waited s"
 fi
 # Leases the manager left (it was stopped, not drained): their containers still run, and their
 # kill and delete go through gpu-mps-shim; removing it now would leave them stuck until containerd

@@ -10,6 +10,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, ExitCode};
 use std::time::SystemTime;
 
+use gpu_mps_api::message::without_os_error_numbers;
 use gpu_mps_api::node_config::config_path_from_env;
 use gpu_mps_shim::runc_args::{self, CreateArgs, GlobalOptions, Invocation, LogFormat, Subcommand};
 use gpu_mps_shim::{DEBUG_ENV, MESSAGE_PREFIX, ShimError, bundle, node_files, parse_spec, runc_log};
@@ -61,7 +62,14 @@ fn main() -> ExitCode {
             println!("gpu-mps-shim version {}", env!("CARGO_PKG_VERSION"));
             let _ = std::io::stdout().flush();
             let (runc, note) = node_files::runc_path(&config_path);
-            reporter.fail(exec_runc(&runc, &args, &config_path, note, &reporter))
+            // Its own version is said; runc's follows when runc runs. A runc that cannot is
+            // said on stderr, and the version query still succeeds: it asked for the version.
+            let e = exec_runc(&runc, &args, &config_path, note, &reporter);
+            eprintln!(
+                "{MESSAGE_PREFIX}{} (runc's version is not shown)",
+                without_os_error_numbers(&e.to_string())
+            );
+            ExitCode::SUCCESS
         }
         Ok(Invocation::Runc(runc_args)) => {
             let reporter = Reporter::new(&runc_args.global, env_debug);
@@ -215,7 +223,8 @@ impl Reporter {
 
     /// Reports `error` as one line and gives the exit code, 1 like runc's own failures.
     fn fail(&self, error: ShimError) -> ExitCode {
-        let message = format!("{MESSAGE_PREFIX}{error}").replace(['\r', '\n'], " ");
+        let message =
+            without_os_error_numbers(&format!("{MESSAGE_PREFIX}{error}")).replace(['\r', '\n'], " ");
         if let Some(log) = &self.log {
             if let Err(e) = runc_log::append_error(log, self.format, &message, SystemTime::now()) {
                 eprintln!("gpu-mps-shim: cannot write the runc log {}: {e}", log.display());

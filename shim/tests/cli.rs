@@ -486,6 +486,23 @@ fn version_prints_the_shims_then_runcs() {
 }
 
 #[test]
+fn version_without_runc_prints_the_shims_and_says_why_runcs_is_missing() {
+    let f = Fixture::new("pause");
+    fs::remove_file(f.runc()).unwrap();
+    let out = f.run(&["--version"]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    let err = stderr(&out);
+    assert_eq!(
+        String::from_utf8(out.stdout).unwrap(),
+        format!("gpu-mps-shim version {}\n", env!("CARGO_PKG_VERSION"))
+    );
+    assert!(
+        err.contains(&f.runc().display().to_string()) && err.contains("runc's version is not shown"),
+        "{err}"
+    );
+}
+
+#[test]
 fn debug_logs_what_the_shim_did_to_stderr() {
     let f = Fixture::new("env-index");
     let mut cmd = f.command(SHIM);

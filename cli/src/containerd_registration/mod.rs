@@ -48,8 +48,8 @@ pub use effective::{check_effective, check_removed};
 pub use imports::glob_match;
 pub use plan::{ExistingFiles, FileChange, InstallPlan, detect_version, plan_install, plan_uninstall};
 pub use toolkit::{
-    ChainDecision, ChainPlan, ChainToolkit, TOOLKIT_BINARY, TOOLKIT_DIRS, ToolkitFacts, ToolkitRuntime, decide_chain,
-    find_toolkit_binary, is_toolkit_binary, plan_chain, plan_unchain, toolkit_runtimes,
+    ChainDecision, ChainPlan, ChainToolkit, TOOLKIT_BINARY, TOOLKIT_DIRS, ToolkitFacts, ToolkitRuntime,
+    decide_chain, find_toolkit_binary, is_toolkit_binary, plan_chain, plan_unchain, toolkit_runtimes,
 };
 
 /// The runtime handler name: RuntimeClass `handler: gpu-mps`.

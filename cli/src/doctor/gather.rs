@@ -20,8 +20,7 @@ use super::{
     CdiFacts, CdiSpec, ConfigFacts, ConfigState, ContainerdFacts, DescriptorFacts, DoctorError, Facts,
     FileState, GpuFacts, GpuSeen, GpuSource, ManagerAnswer, ManagerFacts, MpsFacts, NvmlProbe,
     ProcessDescriptors, RegistrationFacts, RuncFacts, RunningContainerd, containerd_config_arg,
-    parse_boot_time, parse_cdi_spec, parse_nvidia_smi, parse_open_files_limit,
-    parse_start_ticks,
+    parse_boot_time, parse_cdi_spec, parse_nvidia_smi, parse_open_files_limit, parse_start_ticks,
 };
 use crate::containerd_registration::{self as reg, InstallOptions};
 

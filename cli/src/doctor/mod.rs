@@ -24,7 +24,7 @@ use std::io;
 use std::path::{Path, PathBuf};
 
 use gpu_mps_api::client::ClientError;
-use gpu_mps_api::message::one_line;
+use gpu_mps_api::message::{one_line, without_os_error_numbers};
 use gpu_mps_api::node_config::ConfigError;
 use gpu_mps_api::node_files::NodeFileError;
 use serde::Serialize;
@@ -77,26 +77,6 @@ pub fn plain_io(e: &io::Error) -> String {
         Some(at) if text.ends_with(')') => text[..at].to_string(),
         _ => text,
     }
-}
-
-/// `text` without the " (os error 2)" that an io::Error deep inside another crate's message
-/// carries: the words before it say the same to a person.
-fn without_os_error_numbers(text: &str) -> String {
-    let mut out = String::with_capacity(text.len());
-    let mut rest = text;
-    while let Some(at) = rest.find(" (os error ") {
-        let tail = &rest[at + " (os error ".len()..];
-        let digits = tail.bytes().take_while(u8::is_ascii_digit).count();
-        if digits > 0 && tail[digits..].starts_with(')') {
-            out.push_str(&rest[..at]);
-            rest = &tail[digits + 1..];
-        } else {
-            out.push_str(&rest[..at + 1]);
-            rest = &rest[at + 1..];
-        }
-    }
-    out.push_str(rest);
-    out
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]

@@ -4,10 +4,12 @@ use std::collections::HashMap;
 use std::ffi::OsString;
 use std::os::fd::OwnedFd;
 use std::path::{Path, PathBuf};
+use std::process::ExitCode;
 use std::sync::Arc;
 use std::time::Duration;
 
 use clap::Parser;
+use gpu_mps_api::message::error_chain_line;
 use gpu_mps_api::node_config::{self, NodeConfig};
 use gpu_mps_manager::core::{ManagerCore, StartOptions};
 use gpu_mps_manager::gate::ListenerStore;
@@ -74,8 +76,19 @@ fn load_config(path: &Path) -> anyhow::Result<NodeConfig> {
     Ok(NodeConfig::load(path)?)
 }
 
-fn main() -> anyhow::Result<()> {
-    let args = Args::parse();
+fn main() -> ExitCode {
+    match run(Args::parse()) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            // One line, each cause once, for the journal and `kubectl logs` (anyhow's default
+            // `Error: ... Caused by:` repeated causes our messages already carry).
+            eprintln!("gpu-mps-manager: {}", error_chain_line(e.chain()));
+            ExitCode::FAILURE
+        }
+    }
+}
+
+fn run(args: Args) -> anyhow::Result<()> {
     if let Some(root) = &args.gate_keeper {
         // Before any thread exists: the keeper blocks SIGHUP on the calling thread only.
         gate_keeper::run_keeper(root, args.gate_keeper_log.as_deref())?;

@@ -344,18 +344,26 @@ async fn expect_no_gpu_mps_handler(cri: &mut CriClient, name: &str) -> Result<()
 
 /// Runs `container` of `template` in `pod` to its exit; it must exit 0 after `restarts`
 /// containerd restarts (one when it changed containerd's config). Returns its log.
-/// Runs the uninstall Job in a pod of its own and checks that it refused, with `why` in its log,
-/// restarting nothing and removing no binary.
-async fn uninstall_refused(
-    containerd: &mut Containerd,
+/// Starts the uninstall Job in a pod of its own; [`uninstall_refused`] waits for its end.
+async fn start_uninstall(
     cri: &mut CriClient,
     (pod_spec, spec): (&PodSpec, &ContainerSpec),
-    tree: &HostTree,
-    why: &str,
-) -> Result<()> {
+) -> Result<(gpu_mps_e2e::cri::Pod, Container)> {
     let pod = cri.run_pod_sandbox(pod_spec).await?;
     let job = cri.create_container(&pod, spec).await?;
     cri.start_container(&job).await?;
+    Ok((pod, job))
+}
+
+/// Waits for the uninstall Job started by [`start_uninstall`] and checks that it refused, with
+/// `why` in its log, restarting nothing and removing no binary. Returns its log.
+async fn uninstall_refused(
+    containerd: &mut Containerd,
+    cri: &mut CriClient,
+    (pod, job): (gpu_mps_e2e::cri::Pod, Container),
+    tree: &HostTree,
+    why: &str,
+) -> Result<String> {
     let (code, restarts) = run_to_exit(containerd, cri, &job, tree).await?;
     let log = container_log(&job);
     ensure!(
@@ -369,7 +377,7 @@ async fn uninstall_refused(
             "the refused uninstall removed {binary}"
         );
     }
-    Ok(())
+    Ok(log)
 }
 
 async fn run_installer(
@@ -563,22 +571,25 @@ async fn the_daemonset_installs_serves_a_gpu_container_and_uninstalls(suite: Sui
     );
     println!("the manager container is ready");
 
-    // The uninstall Job refuses while the manager answers.
+    // The uninstall Job waits for the manager to stop, and refuses while it still answers.
     let job = load_workload(&repository().join(UNINSTALL_JOB), "Job")?;
     let job_template = &job.spec.template.spec;
     let mut uninstall = job_template.container("uninstall")?.clone();
     tree.point_installer(&mut uninstall, &containerd)?;
     uninstall.override_env(&[("PURGE_NODE_CONFIG", "false")])?;
     let job_pod_spec = job_template.pod_spec(&job.metadata.name, &job.metadata.namespace, "");
-    let job_spec = job_template.container_spec(&uninstall)?;
-    uninstall_refused(
-        &mut containerd,
+    let mut impatient = uninstall.clone();
+    impatient.override_env(&[("MANAGER_WAIT_SECONDS", "2")])?;
+    let started = start_uninstall(
         &mut cri,
-        (&job_pod_spec, &job_spec),
-        &tree,
-        "still answers",
+        (&job_pod_spec, &job_template.container_spec(&impatient)?),
     )
     .await?;
+    let log = uninstall_refused(&mut containerd, &mut cri, started, &tree, "still answers").await?;
+    ensure!(
+        log.contains("waiting up to 2 s for it to stop"),
+        "the uninstall did not wait for the manager:\n{log}"
+    );
 
     // A GPU container through the registered handler and the manager container.
     let gpu = fake_gpus(1, FAKE_GPU_MEMORY)[0].uuid.clone();
@@ -611,8 +622,21 @@ async fn the_daemonset_installs_serves_a_gpu_container_and_uninstalls(suite: Sui
     println!("a GPU container ran through handler gpu-mps: {admitted}");
     let daemon_pid = status["daemons"][0]["control_pid"].as_u64().unwrap_or(0) as u32;
 
-    // kubelet deletes the DaemonSet's pod before the node was drained: SIGTERM to the manager,
-    // which keeps the daemon the GPU container's lease uses.
+    // The uninstall Job as the README runs it: created while the node's manager still answers, it
+    // waits for it to stop.
+    let job_spec = job_template.container_spec(&uninstall)?;
+    let waiting = start_uninstall(&mut cri, (&job_pod_spec, &job_spec)).await?;
+    let deadline = Instant::now() + WAIT;
+    while !container_log(&waiting.1).contains("waiting up to 120 s") {
+        ensure!(
+            Instant::now() < deadline,
+            "the uninstall Job does not wait for the manager:\n{}",
+            container_log(&waiting.1)
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    // The node's label is taken off before the node was drained: kubelet stops the DaemonSet's
+    // pod, SIGTERM to the manager, which keeps the daemon the GPU container's lease uses.
     cri.stop_container(&manager_container).await?;
     let stopped = cri.container_status(&manager_container).await?;
     ensure!(
@@ -623,16 +647,13 @@ async fn the_daemonset_installs_serves_a_gpu_container_and_uninstalls(suite: Sui
     );
     cri.delete_pod(&pod).await?;
 
-    // The uninstall Job refuses: a gpu-mps container still runs with its lease, and removing the
-    // shim under it would leave it stuck.
-    uninstall_refused(
-        &mut containerd,
-        &mut cri,
-        (&job_pod_spec, &job_spec),
-        &tree,
-        "still run with leases",
-    )
-    .await?;
+    // The waiting Job goes on once the manager stopped, and refuses: a gpu-mps container still
+    // runs with its lease, and removing the shim under it would leave it stuck.
+    let log = uninstall_refused(&mut containerd, &mut cri, waiting, &tree, "still run with leases").await?;
+    ensure!(
+        log.contains("waiting up to 120 s") && log.contains("the manager stopped after"),
+        "the uninstall did not wait for the manager to stop:\n{log}"
+    );
     // Drained now: the GPU pod goes (its poststop hook finds no manager), and the daemon the
     // stopped manager left is ended by hand, as an operator would.
     cri.delete_pod(&gpu_pod).await?;
