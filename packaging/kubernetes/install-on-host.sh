@@ -81,9 +81,13 @@ register() {
 }
 
 # The manager's state root: `root` of the node config's top level, else the default.
+# The node config's top-level `root`, a TOML basic ("...") or literal ('...') string.
 state_root() {
-    awk -F= '/^[[:space:]]*\[/ { exit }
-        $1 ~ /^[[:space:]]*root[[:space:]]*$/ { v = $2; sub(/^[[:space:]]*"/, "", v); sub(/".*$/, "", v); print v; exit }' \
+    awk -F= -v q="'" '/^[[:space:]]*\[/ { exit }
+        $1 ~ /^[[:space:]]*root[[:space:]]*$/ {
+            v = substr($0, index($0, "=") + 1); sub(/^[[:space:]]*/, "", v)
+            c = substr(v, 1, 1); if (c != "\"" && c != q) exit
+            v = substr(v, 2); print substr(v, 1, index(v, c) - 1); exit }' \
         "$host$node_config" 2>/dev/null | grep . || echo /run/gpu-mps
 }
 
