@@ -71,7 +71,10 @@ fn every_help_shows_an_example() {
     }
     // The subcommands are found, not listed here: the CLI's and the hook's must be among them.
     for expected in ["gpu-mps status", "gpu-mps explain", "gpu-mps-hook poststop"] {
-        assert!(seen.iter().any(|s| s == expected), "{expected} not found in {seen:?}");
+        assert!(
+            seen.iter().any(|s| s == expected),
+            "{expected} not found in {seen:?}"
+        );
     }
     assert!(
         missing.is_empty(),
