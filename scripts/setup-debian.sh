@@ -30,8 +30,18 @@ if ! command -v cargo >/dev/null || ! version_ok; then
         rustup toolchain install stable --profile minimal -c clippy,rustfmt
         rustup default stable
     else
+        # rustup-init itself, from where the sh.rustup.rs script fetches it, checked against its
+        # published sha256 (some networks reach static.rust-lang.org but not sh.rustup.rs).
         echo "setup: installing Rust with rustup (stable, minimal profile)"
-        curl --proto '=https' --tlsv1.2 -sSf https://sh.rustup.rs | sh -s -- -y --profile minimal -c clippy,rustfmt
+        init_url=https://static.rust-lang.org/rustup/dist/$(uname -m)-unknown-linux-gnu/rustup-init
+        init_dir=$(mktemp -d)
+        curl --proto '=https' --tlsv1.2 -sSf -o "$init_dir/rustup-init" "$init_url"
+        want=$(curl --proto '=https' --tlsv1.2 -sSf "$init_url.sha256" | awk '{ print $1 }')
+        [ "$(sha256sum "$init_dir/rustup-init" | awk '{ print $1 }')" = "$want" ] ||
+            { echo "setup: $init_url does not match its published sha256" >&2; exit 1; }
+        chmod +x "$init_dir/rustup-init"
+        "$init_dir/rustup-init" -y --profile minimal -c clippy,rustfmt
+        rm -rf "$init_dir"
         . "$HOME/.cargo/env"
     fi
 fi
