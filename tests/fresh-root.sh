@@ -70,6 +70,14 @@ tar -xf "$root_tar" -C "$R"
 . tests/support/debian-mirror.sh
 echo "deb $(debian_mirror) bookworm main" >"$R/etc/apt/sources.list"
 cp /etc/resolv.conf "$R/etc/resolv.conf"
+# The local certificate authorities this machine trusts (a network that inspects TLS has its own):
+# a machine of this network would have them too. Debian's own stay as the root has them.
+if ls /usr/local/share/ca-certificates/*.crt >/dev/null 2>&1; then
+    mkdir -p "$R/usr/local/share/ca-certificates"
+    cp /usr/local/share/ca-certificates/*.crt "$R/usr/local/share/ca-certificates/"
+    chroot "$R" update-ca-certificates >/dev/null
+    say "local CAs of this machine added: $(cd /usr/local/share/ca-certificates && echo *.crt)"
+fi
 mkdir -p "$R/root/gpu-mps"
 git archive HEAD | tar -x -C "$R/root/gpu-mps"
 say "root from $root_tar, HEAD $(git rev-parse --short HEAD)$(git status --porcelain | grep -q . && echo ' (uncommitted changes are not in it)')"
