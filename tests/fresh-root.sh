@@ -70,6 +70,13 @@ tar -xf "$root_tar" -C "$R"
 . tests/support/debian-mirror.sh
 echo "deb $(debian_mirror) bookworm main" >"$R/etc/apt/sources.list"
 cp /etc/resolv.conf "$R/etc/resolv.conf"
+# How this machine's apt reaches its mirror (`Acquire::` settings: a mirror that serves a snapshot
+# needs its Valid-Until checks off), as a machine of its network would have it.
+for conf in /etc/apt/apt.conf.d/*; do
+    [ -f "$conf" ] && [ ! -e "$R$conf" ] && grep -q '^[[:space:]]*Acquire::' "$conf" || continue
+    cp "$conf" "$R$conf"
+    say "apt settings of this machine added: $conf"
+done
 # The local certificate authorities this machine trusts (a network that inspects TLS has its own):
 # a machine of this network would have them too. Debian's own stay as the root has them.
 if ls /usr/local/share/ca-certificates/*.crt >/dev/null 2>&1; then
