@@ -30,13 +30,8 @@ say() { echo "deb.sh: $*"; }
 if [ "${1:-}" = "--in-namespace" ]; then
     W=$2 deb=$3
     R=$W/root F=$W/files
-    mount --make-rprivate /
-    # The root a mount point, as / is on a machine: runc makes / a slave mount in each container.
-    mount --bind "$R" "$R"
-    mount -t proc proc "$R/proc"
-    mount --rbind /sys "$R/sys"
-    mount --rbind /dev "$R/dev"
-    mount -t tmpfs -o mode=0755 tmpfs "$R/run"
+    . tests/support/root-namespace.sh
+    mount_root "$R"
     mount -t tmpfs -o mode=1777 tmpfs "$R/tmp"
     mount --bind "$F" "$R/mnt"
     in_root() {
@@ -47,15 +42,7 @@ if [ "${1:-}" = "--in-namespace" ]; then
     exec_in_root() {
         exec chroot "$R" /usr/bin/env -i PATH=/usr/sbin:/usr/bin:/sbin:/bin HOME=/root LC_ALL=C.UTF-8 "$@"
     }
-    # Everything that runs inside the root, by pid (never by name).
-    stop_root_processes() {
-        local p
-        for p in /proc/[0-9]*; do
-            [ "$(readlink "$p/root" 2>/dev/null)" = "$R" ] && kill -KILL "${p#/proc/}" 2>/dev/null
-        done
-        return 0
-    }
-    trap stop_root_processes EXIT
+    trap 'stop_root_processes "$R"' EXIT
 
     # The listing of the root: /proc, /sys, /dev and /mnt (the test's own files) are mounts.
     listing() {

@@ -18,21 +18,9 @@ say() { echo "fresh-root: $*"; }
 
 if [ "${1:-}" = "--in-namespace" ]; then
     R=$2 tests=$3
-    mount --make-rprivate /
-    # The root a mount point, as / is on a machine: runc makes / a slave mount in each container.
-    mount --bind "$R" "$R"
-    mount -t proc proc "$R/proc"
-    mount --rbind /sys "$R/sys"
-    mount --rbind /dev "$R/dev"
-    mount -t tmpfs -o mode=0755 tmpfs "$R/run"
-    stop_root_processes() {
-        local p
-        for p in /proc/[0-9]*; do
-            [ "$(readlink "$p/root" 2>/dev/null)" = "$R" ] && kill -KILL "${p#/proc/}" 2>/dev/null
-        done
-        return 0
-    }
-    trap stop_root_processes EXIT
+    . tests/support/root-namespace.sh
+    mount_root "$R"
+    trap 'stop_root_processes "$R"' EXIT
     # As a login shell of root would have it; commands exactly as the README writes them.
     run() {
         chroot "$R" /usr/bin/env -i PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin \

@@ -342,8 +342,6 @@ async fn expect_no_gpu_mps_handler(cri: &mut CriClient, name: &str) -> Result<()
     }
 }
 
-/// Runs `container` of `template` in `pod` to its exit; it must exit 0 after `restarts`
-/// containerd restarts (one when it changed containerd's config). Returns its log.
 /// Starts the uninstall Job in a pod of its own; [`uninstall_refused`] waits for its end.
 async fn start_uninstall(
     cri: &mut CriClient,
@@ -380,6 +378,8 @@ async fn uninstall_refused(
     Ok(log)
 }
 
+/// Runs `container` of `template` in `pod` to its exit; it must exit 0 after `restarts`
+/// containerd restarts (one when it changed containerd's config). Returns its log.
 async fn run_installer(
     containerd: &mut Containerd,
     cri: &mut CriClient,

@@ -19,12 +19,9 @@ pub fn parse_threads(text: &str) -> Option<f64> {
 /// Lower-case suffixes are accepted too (not measured on the real one).
 pub fn parse_mem_mib(text: &str) -> Option<u64> {
     let text = text.trim();
-    let (number, factor) = if let Some(n) = text.strip_suffix(['G', 'g']) {
-        (n, 1024)
-    } else if let Some(n) = text.strip_suffix(['M', 'm']) {
-        (n, 1)
-    } else {
-        return None;
+    let (number, factor) = match text.strip_suffix(['G', 'g']) {
+        Some(n) => (n, 1024),
+        None => (text.strip_suffix(['M', 'm'])?, 1),
     };
     if number.is_empty() || !number.bytes().all(|b| b.is_ascii_digit()) {
         return None;
