@@ -80,8 +80,8 @@ register() {
     fi
 }
 
-# The manager's state root: `root` of the node config's top level, else the default.
-# The node config's top-level `root`, a TOML basic ("...") or literal ('...') string.
+# The manager's state root: `root` of the node config's top level (a TOML basic "..." or literal
+# '...' string), else the default.
 state_root() {
     awk -F= -v q="'" '/^[[:space:]]*\[/ { exit }
         $1 ~ /^[[:space:]]*root[[:space:]]*$/ {
