@@ -579,7 +579,7 @@ fn sees_its_daemon(
     );
     let gate = node.manager.gate_dir(container_id);
     ensure!(
-        !mount.root.is_empty() && gate.to_string_lossy().ends_with(&mount.root),
+        mount.is_bind_of(&gate.to_string_lossy()),
         "/tmp/nvidia-mps is {}, not the container's gate {} (GPU {gpu_uuid})",
         mount.root,
         gate.display()

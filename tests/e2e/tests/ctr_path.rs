@@ -92,7 +92,7 @@ async fn gpu_container_sees_its_daemon(suite: Suite) -> Result<()> {
     );
     let gate = node.manager.gate_dir(&run.id);
     ensure!(
-        !mount.root.is_empty() && gate.to_string_lossy().ends_with(&mount.root),
+        mount.is_bind_of(&gate.to_string_lossy()),
         "/tmp/nvidia-mps is {}, not the container's gate {} (GPU {uuid})",
         mount.root,
         gate.display()
@@ -167,11 +167,14 @@ async fn gpu_container_sees_its_daemon(suite: Suite) -> Result<()> {
     // GPU 1, named by index: its own gate, on GPU 1's daemon (checked by its lease below).
     let other_run = gpu_run(&node, &rootfs, "1", &["report"]);
     let other = report_of(&node, &other_run).await?;
-    let other_root = other.mps_pipe_dir.mount.map(|m| m.root).unwrap_or_default();
+    let other_mount = other.mps_pipe_dir.mount;
     let other_gate = node.manager.gate_dir(&other_run.id);
     ensure!(
-        !other_root.is_empty() && other_gate.to_string_lossy().ends_with(&other_root),
-        "GPU 1's container has {other_root}, not {}",
+        other_mount
+            .as_ref()
+            .is_some_and(|m| m.is_bind_of(&other_gate.to_string_lossy())),
+        "GPU 1's container has {:?}, not {}",
+        other_mount.map(|m| m.root),
         other_gate.display()
     );
 
@@ -221,20 +224,13 @@ async fn container_cannot_override_the_shim(suite: Suite) -> Result<()> {
         env.get("CUDA_MPS_PINNED_DEVICE_MEM_LIMIT") == Some(&"0=4096M"),
         "memory env: {env:?}"
     );
-    let root = report
-        .mps_pipe_dir
-        .mount
-        .as_ref()
-        .map(|m| m.root.clone())
-        .unwrap_or_default();
+    let gate = node.manager.gate_dir(&reporting.id);
+    let mount = report.mps_pipe_dir.mount.as_ref();
     ensure!(
-        !root.is_empty()
-            && node
-                .manager
-                .gate_dir(&reporting.id)
-                .to_string_lossy()
-                .ends_with(&root),
-        "pipe dir mount: {root}, not the container's gate"
+        mount.is_some_and(|m| m.is_bind_of(&gate.to_string_lossy())),
+        "pipe dir mount: {:?}, not the container's gate {}",
+        mount.map(|m| &m.root),
+        gate.display()
     );
     ensure!(
         report.mps_pipe_dir.create_file == "EROFS",

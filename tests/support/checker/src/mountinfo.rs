@@ -25,6 +25,18 @@ impl Mount {
     pub fn has_option(&self, option: &str) -> bool {
         self.options.split(',').any(|o| o == option)
     }
+
+    /// Whether this bind mount's source is `host_path`, a directory as the host names it.
+    /// `root` is the source's path inside its filesystem: a tail of `host_path` where the
+    /// filesystem is mounted below the host's / (a tmpfs at /tmp), and `host_path` with a head
+    /// where the host's / is itself a directory of the filesystem (a root made the / of a mount
+    /// namespace, as tests/fresh-root.sh does). Both are absolute, so a tail starts at a `/`:
+    /// whole path components.
+    pub fn is_bind_of(&self, host_path: &str) -> bool {
+        let (root, host) = (self.root.trim_end_matches('/'), host_path.trim_end_matches('/'));
+        let tail_of = |long: &str, short: &str| short.starts_with('/') && long.ends_with(short);
+        tail_of(host, root) || tail_of(root, host)
+    }
 }
 
 /// `36 35 98:0 /mnt1 /mnt2 rw,noatime master:1 - ext3 /dev/root rw,errors=continue`
@@ -145,5 +157,31 @@ mod tests {
             Some(26)
         );
         assert_eq!(containing(&mounts, "/tmp").map(|m| m.mount_id), Some(22));
+    }
+
+    #[test]
+    fn a_bind_source_is_matched_by_whole_path_components() {
+        let bind = |root: &str| Mount {
+            mount_id: 1,
+            parent_id: 0,
+            major_minor: "254:0".into(),
+            root: root.into(),
+            mount_point: "/tmp/nvidia-mps".into(),
+            options: "ro".into(),
+            fstype: "ext4".into(),
+            source: "/dev/vda".into(),
+            super_options: "rw".into(),
+        };
+        let gate = "/tmp/gme2e-mps.x/r/gates/49c1";
+        assert!(bind(gate).is_bind_of(gate));
+        // A tmpfs at /tmp: the root within it.
+        assert!(bind("/gme2e-mps.x/r/gates/49c1").is_bind_of(gate));
+        // The host's / is a directory of the filesystem.
+        assert!(bind("/tmp/fresh.y/root/tmp/gme2e-mps.x/r/gates/49c1").is_bind_of(gate));
+        // Another directory, or a name that only ends the same.
+        assert!(!bind("/tmp/gme2e-mps.x/r/daemons/GPU-0/pipe").is_bind_of(gate));
+        assert!(!bind("/tmp/gme2e-mps.x/r/gates/149c1").is_bind_of(gate));
+        assert!(!bind("/tmp/gme2e-mps.x/r/gates/49c1").is_bind_of("/other/r/gates/x49c1"));
+        assert!(!bind("").is_bind_of(gate));
     }
 }
