@@ -6,6 +6,7 @@
 use std::path::{Path, PathBuf};
 
 use crate::containerd_registration::SHIM_PATH;
+use crate::doctor::{FileState, file_state};
 
 /// The file name of the runc wrapper that containerd's entry names as BinaryName.
 pub const SHIM_NAME: &str = "gpu-mps-shim";
@@ -28,18 +29,17 @@ pub fn default_shim_path() -> PathBuf {
 /// and every pod of the runtime then fails at its start with "no such file". `on_host` is where
 /// `shim` lies as this process sees the host (under --host-root).
 pub fn shim_warning(shim: &Path, on_host: &Path) -> Option<String> {
-    use std::os::unix::fs::PermissionsExt;
+    let problem = match file_state(on_host) {
+        FileState::Executable { .. } => return None,
+        FileState::NotExecutable { .. } => "is not executable",
+        FileState::NotAFile { .. } => "is not a file",
+        FileState::Missing { .. } => "does not exist",
+        FileState::Unreadable(_) => "cannot be read",
+    };
     let seen = if on_host == shim {
         String::new()
     } else {
         format!(" (looked at {})", on_host.display())
-    };
-    let problem = match std::fs::metadata(on_host) {
-        Ok(m) if m.is_file() && m.permissions().mode() & 0o111 != 0 => return None,
-        Ok(m) if m.is_file() => "is not executable",
-        Ok(_) => "is not a file",
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => "does not exist",
-        Err(_) => "cannot be read",
     };
     Some(format!(
         "{} {problem}{seen}: every pod of the gpu-mps runtime fails to start until gpu-mps-shim is there; install it (the gpu-mps package and the DaemonSet do), or rerun with --shim <its path>",

@@ -172,7 +172,7 @@ fn running_containerd(main_config: &Path) -> Option<RunningContainerd> {
 }
 
 /// What the file at `path` is like.
-fn file_state(path: &Path) -> FileState {
+pub fn file_state(path: &Path) -> FileState {
     match fs::metadata(path) {
         Err(e) if e.kind() == io::ErrorKind::NotFound => FileState::Missing {
             searched: String::new(),

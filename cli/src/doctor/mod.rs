@@ -35,7 +35,7 @@ use crate::containerd_registration::RegistrationError;
 pub use cdi::{CdiFacts, CdiSpec, GPU_CDI_KIND, parse_cdi_spec};
 pub use compute_mode::{GpuFacts, GpuSeen, GpuSource, parse_nvidia_smi};
 pub use descriptors::{DescriptorFacts, ProcessDescriptors, parse_open_files_limit};
-pub use gather::{DoctorOptions, gather};
+pub use gather::{DoctorOptions, file_state, gather};
 pub use manager::{ManagerAnswer, ManagerFacts};
 pub use mps_binaries::MpsFacts;
 pub use node_config::{ConfigFacts, ConfigState};
