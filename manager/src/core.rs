@@ -451,6 +451,7 @@ fn gate_target(config: &NodeConfig, id: &ContainerId, lease: &LeaseRecord) -> Ga
                 .unwrap_or_else(|| lease.process_limits()),
         ),
         running: Vec::new(),
+        init: lease.process,
         owner: lease.owner(),
     }
 }

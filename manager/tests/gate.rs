@@ -8,7 +8,7 @@
 
 use std::collections::BTreeMap;
 use std::io::{IoSlice, IoSliceMut};
-use std::os::fd::{AsRawFd, RawFd};
+use std::os::fd::{AsFd, AsRawFd, RawFd};
 use std::os::unix::net::UnixStream;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -29,10 +29,38 @@ struct ServerLimits {
     memory: BTreeMap<String, String>,
 }
 
-/// The control CLI: only what setting defaults needs (no server runs in these tests).
+/// The channels the daemon issued, by the pid it was given: one server's clients, as long as
+/// the other end of the channel is open (what MPS lists with `get_client_list`).
+type Channels = Arc<Mutex<Vec<(i32, UnixStream)>>>;
+
+/// The server's pid in `get_server_list`, while `lists` is set.
+const SERVER_PID: &str = "4242";
+
+/// The control CLI: what setting defaults needs, and, while `lists` is set, one server whose
+/// clients are the channels the daemon issued and someone still holds.
 #[derive(Default)]
 struct StubControl {
     limits: Arc<Mutex<ServerLimits>>,
+    channels: Channels,
+    lists: Arc<AtomicBool>,
+}
+
+/// The pids whose channel is still held by someone.
+fn held(channels: &Channels) -> Vec<i32> {
+    let mut c = channels.lock().unwrap();
+    c.retain(|(_, keep)| {
+        let mut b = [0u8; 1];
+        // 0 bytes: the other end is closed; EAGAIN: open.
+        !matches!(
+            socket::recv(
+                keep.as_raw_fd(),
+                &mut b,
+                MsgFlags::MSG_PEEK | MsgFlags::MSG_DONTWAIT
+            ),
+            Ok(0)
+        )
+    });
+    c.iter().map(|(pid, _)| *pid).collect()
 }
 
 #[async_trait]
@@ -43,19 +71,33 @@ impl MpsControl for StubControl {
     async fn command(&self, _: &Path, command: &str) -> Result<String, ControlError> {
         let mut l = self.limits.lock().unwrap();
         let w: Vec<&str> = command.split_whitespace().collect();
+        let lists = self.lists.load(Ordering::SeqCst);
         Ok(match w.as_slice() {
+            ["get_server_list"] if lists => SERVER_PID.to_string(),
             ["get_server_list"] => String::new(),
-            ["set_default_active_thread_percentage", p] => {
+            ["get_client_list", server] if lists && *server == SERVER_PID => held(&self.channels)
+                .iter()
+                .map(|p| p.to_string())
+                .collect::<Vec<_>>()
+                .join("\n"),
+            // The one server's own limits: kept with the defaults (one server, set the same).
+            ["set_active_thread_percentage", SERVER_PID, p] | ["set_default_active_thread_percentage", p] => {
                 l.threads = format!("{p}.0");
                 l.threads.clone()
             }
-            ["get_default_active_thread_percentage"] => l.threads.clone(),
-            ["set_default_device_pinned_mem_limit", dev, v] => {
+            ["get_default_active_thread_percentage"] | ["get_active_thread_percentage", SERVER_PID] => {
+                l.threads.clone()
+            }
+            ["set_default_device_pinned_mem_limit", dev, v]
+            | ["set_device_pinned_mem_limit", SERVER_PID, dev, v] => {
                 let mib: u64 = v.trim_end_matches('M').parse().unwrap();
                 l.memory.insert(dev.to_string(), format!("{}G", mib / 1024));
                 String::new()
             }
-            ["get_default_device_pinned_mem_limit", dev] => l.memory.get(*dev).cloned().unwrap_or_default(),
+            ["get_default_device_pinned_mem_limit", dev]
+            | ["get_device_pinned_mem_limit", SERVER_PID, dev] => {
+                l.memory.get(*dev).cloned().unwrap_or_default()
+            }
             _ => format!("Unknown command \"{command}\""),
         })
     }
@@ -80,7 +122,7 @@ struct Daemon {
     mute: Arc<AtomicBool>,
 }
 
-fn start_daemon(pipe: &Path, limits: Arc<Mutex<ServerLimits>>) -> Daemon {
+fn start_daemon(pipe: &Path, limits: Arc<Mutex<ServerLimits>>, channels: Channels) -> Daemon {
     std::fs::create_dir_all(pipe).unwrap();
     std::fs::write(pipe.join(mps_control::PID_FILE), std::process::id().to_string()).unwrap();
     let listener = seqpacket::bind_gate_socket(pipe, mps_control::CONTROL_SOCKET).unwrap();
@@ -109,12 +151,15 @@ fn start_daemon(pipe: &Path, limits: Arc<Mutex<ServerLimits>>) -> Daemon {
             if first != wire::CREDENTIALS || kind != [2, 0, 0, 0] {
                 continue;
             }
+            let pid = creds.map_or(0, |c| c.pid());
             s.lock().unwrap().push(Seen {
-                pid: creds.map_or(0, |c| c.pid()),
+                pid,
                 threads: limits.lock().unwrap().threads.clone(),
             });
-            let (_keep, pass) = UnixStream::pair().unwrap();
+            let (keep, pass) = UnixStream::pair().unwrap();
             send(&stream, wire::CHANNEL_ANSWER, Some(pass.as_raw_fd()));
+            drop(pass);
+            channels.lock().unwrap().push((pid, keep));
             // The acknowledgement, then the end of the connection.
             while recv(&stream).is_some() {}
         }
@@ -211,6 +256,8 @@ struct Node {
     gates: Arc<Gates>,
     daemon: Daemon,
     key: DaemonKey,
+    /// Set: the stub CLI lists the server's clients (the channels still held).
+    lists: Arc<AtomicBool>,
 }
 
 fn node(per_container: u32) -> Node {
@@ -226,7 +273,12 @@ fn node(per_container: u32) -> Node {
 fn node_with(per_container: u32, timings: GateTimings) -> Node {
     let dir = tempfile::tempdir().unwrap();
     let control = StubControl::default();
-    let daemon = start_daemon(&dir.path().join("pipe"), control.limits.clone());
+    let daemon = start_daemon(
+        &dir.path().join("pipe"),
+        control.limits.clone(),
+        control.channels.clone(),
+    );
+    let lists = control.lists.clone();
     let gates = Gates::new(
         Arc::new(control),
         timings,
@@ -240,6 +292,7 @@ fn node_with(per_container: u32, timings: GateTimings) -> Node {
         gates: Arc::new(gates),
         daemon,
         key: DaemonKey::new(["GPU-test"]),
+        lists,
     }
 }
 
@@ -262,6 +315,7 @@ impl Node {
                     cuda_processes: processes,
                     server_class: Some(limits.per_process(processes)),
                     running: Vec::new(),
+                    init: None,
                     owner: id.into(),
                 },
                 None,
@@ -457,4 +511,151 @@ async fn a_stuck_daemon_is_reported_once_naming_the_last_channel_and_a_blocked_c
         "{}",
         view.last_refusal
     );
+}
+
+/// Set in a child of this test binary: the role [`relay_child`] plays, against the gate at
+/// [`RELAY_GATE_ENV`].
+const RELAY_ROLE_ENV: &str = "GPU_MPS_TEST_RELAY_ROLE";
+const RELAY_GATE_ENV: &str = "GPU_MPS_TEST_RELAY_GATE";
+
+/// Runs [`relay_child`] in a child process of this test binary (a process of its own, so the
+/// gate sees another pid; exec'd, so it holds none of this process's descriptors) with one end
+/// of a socket pair as its stdin, and waits for it to exit. What it passed back on that
+/// socket: a descriptor, or `None`.
+fn run_relay_child(role: &str, gate: &Path) -> Option<UnixStream> {
+    let (here, there) = UnixStream::pair().unwrap();
+    let status = std::process::Command::new(std::env::current_exe().unwrap())
+        .args(["--exact", "relay_child", "--nocapture", "--test-threads=1"])
+        .env(RELAY_ROLE_ENV, role)
+        .env(RELAY_GATE_ENV, gate.join("control"))
+        .stdin(std::process::Stdio::from(std::os::fd::OwnedFd::from(there)))
+        .stdout(std::process::Stdio::null())
+        .status()
+        .unwrap();
+    assert!(status.success(), "the {role} child failed: {status}");
+    here.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+    let got = recv_keeping_fd(&here).map(adopt);
+    if let Some(s) = &got {
+        s.set_read_timeout(Some(Duration::from_secs(20))).unwrap();
+    }
+    got
+}
+
+/// A relay's part, in a child process (nothing without [`RELAY_ROLE_ENV`]): passes a
+/// descriptor back on its stdin and exits.
+/// - `connect`: connects to the gate and passes the connection on: the parent then asks on
+///   it, as a process behind a relay does.
+/// - `broker`: connects, asks for a channel and acknowledges it as a CUDA client does, passes
+///   the channel on (nothing if it got none).
+#[test]
+fn relay_child() {
+    let (Some(role), Some(gate)) = (std::env::var_os(RELAY_ROLE_ENV), std::env::var_os(RELAY_GATE_ENV))
+    else {
+        return;
+    };
+    let back = UnixStream::from(std::io::stdin().as_fd().try_clone_to_owned().unwrap());
+    let s = seqpacket::connect(Path::new(&gate)).unwrap();
+    s.set_nonblocking(false).unwrap();
+    s.set_read_timeout(Some(Duration::from_secs(20))).unwrap();
+    match role.to_str().unwrap() {
+        "connect" => send(&back, b"connection", Some(s.as_raw_fd())),
+        "broker" => {
+            recv(&s).expect("the gate's hello");
+            send(&s, wire::CREDENTIALS, None);
+            send(&s, &wire::KIND_CUDA_CLIENT.to_le_bytes(), None);
+            if let Some(channel) = recv_keeping_fd(&s) {
+                send(&s, wire::CLIENT_ACK, None);
+                send(&back, b"channel", Some(channel));
+            }
+        }
+        other => panic!("unknown role {other}"),
+    }
+}
+
+/// Owns a descriptor received over SCM_RIGHTS.
+fn adopt(fd: RawFd) -> UnixStream {
+    #[allow(unsafe_code)]
+    // SAFETY: `fd` was just received over SCM_RIGHTS; nothing else owns it.
+    unsafe {
+        std::os::fd::FromRawFd::from_raw_fd(fd)
+    }
+}
+
+/// One message's first descriptor, left open.
+fn recv_keeping_fd(stream: &UnixStream) -> Option<RawFd> {
+    let mut buf = vec![0u8; 4096];
+    let mut cmsg = cmsg_space!(libc::ucred, [RawFd; 4]);
+    let mut iov = [IoSliceMut::new(&mut buf)];
+    let msg = socket::recvmsg::<()>(
+        stream.as_raw_fd(),
+        &mut iov,
+        Some(&mut cmsg),
+        MsgFlags::MSG_CMSG_CLOEXEC,
+    )
+    .ok()?;
+    msg.cmsgs().ok()?.find_map(|c| match c {
+        ControlMessageOwned::ScmRights(fds) => fds.first().copied(),
+        _ => None,
+    })
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_connection_passed_on_by_the_process_that_made_it_is_refused() {
+    let n = node(4);
+    let gate = n.open("relay", 4, 25, 1);
+    let g = gate.clone();
+    let answered = blocking(move || {
+        let s = run_relay_child("connect", &g).expect("the child's connection");
+        let (hello, _, _) = recv(&s).expect("the gate's hello");
+        assert_eq!(hello, wire::HELLO);
+        // This process asks on the child's connection (the kernel stamps its own pid).
+        send(&s, wire::CREDENTIALS, None);
+        send(&s, &wire::KIND_CUDA_CLIENT.to_le_bytes(), None);
+        recv(&s).is_some()
+    })
+    .await;
+    assert!(!answered, "a relayed request is refused, closed after it");
+    assert_eq!(
+        *n.daemon.connections.lock().unwrap(),
+        0,
+        "never reaches the daemon"
+    );
+    let view = n.gates.view(&ContainerId::parse("relay").unwrap()).unwrap();
+    assert_eq!(view.refusals, 1);
+    assert!(
+        view.last_refusal.contains("passed to another process"),
+        "{}",
+        view.last_refusal
+    );
+    // The container's own process still gets its channels.
+    let g = gate.clone();
+    assert!(blocking(move || cuda_client(&g)).await);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_channel_a_broker_passed_on_holds_its_place_until_the_server_lets_it_go() {
+    let n = node(4);
+    n.lists.store(true, Ordering::SeqCst);
+    let gate = n.open("relay", 4, 25, 1);
+    let g = gate.clone();
+    let first = blocking(move || run_relay_child("broker", &g)).await;
+    let first = first.expect("the first broker gets the container's one channel");
+    let g = gate.clone();
+    let second = blocking(move || run_relay_child("broker", &g)).await;
+    assert!(
+        second.is_none(),
+        "a second broker is refused while the server lists the first channel's client"
+    );
+    let view = n.gates.view(&ContainerId::parse("relay").unwrap()).unwrap();
+    assert_eq!(view.admitted_pids.len(), 1, "the held channel counts: {view:?}");
+    assert!(
+        view.last_refusal.contains("1 of its 1 CUDA processes"),
+        "{}",
+        view.last_refusal
+    );
+    // The holder closes the channel: the server lets the client go, the place is free again.
+    drop(first);
+    let g = gate.clone();
+    let third = blocking(move || run_relay_child("broker", &g)).await;
+    assert!(third.is_some(), "the place came back once the channel was closed");
 }

@@ -17,6 +17,10 @@
 # H4 20 manager restarts (SIGTERM and SIGKILL) while two pods start CUDA processes in a loop: no
 #    process ever gets more than its limits
 # H9 the MPS server starts with its daemon (start_server under -M), before any client
+# H10 a pod that relays its CUDA processes' connections through brokers of its own (each
+#    connects to the gate, relays the handshake, exits): no more clients and no more memory
+#    than it declared; which pid the server lists for a relayed client
+# H11 a non-root host user (uid 65534) reaches no gate and no daemon while pods run
 # HOSTILE_PARTS="H1 H3" runs only those parts (default: all).
 # Never changes compute mode, clocks, MIG or persistence; quits every MPS daemon it started.
 set -uo pipefail
@@ -231,6 +235,64 @@ wait $P
 check H9.server "a pod that runs no CUDA yet: its daemon's server already runs (start_server -uid 0), with no client" \
     "servers=$servers clients=$clients" '[ "$servers" != "[]" ] && [ "$clients" = 0 ]'
 row H9.direct INFO "a process pointing CUDA_MPS_PIPE_DIRECTORY at an empty dir gets a direct context in Default compute mode; only EXCLUSIVE_PROCESS (shipped default, not switchable on this shared GPU) refuses it" "not re-measured here: docs/gpu-results.md section 2, E3"
+fi
+
+if want H10; then
+log "H10: a pod that relays its CUDA processes' connections through brokers that exit"
+stop_manager; write_config exact; start_manager h10 || exit 1
+# 4 processes in a pod of one CUDA process (4Gi), each through the relay, held 8 s, staggered.
+script="python3 /check/relay.py /tmp/relay & sleep 1; for i in 1 2 3 4; do CUDA_MPS_PIPE_DIRECTORY=/tmp/relay $BENCH fill --mib 8192 --chunk-mib 64 --seconds 8 --tag r\$i & sleep 1; done; sleep 10; kill %1"
+CTR_ANNOTATIONS="gpu-mps.io/cuda-processes=1" run_ctr h10-relay gpu-mps 4Gi 25 -- /bin/sh -c "$script" &
+P=$!
+# While they hold their memory: what the server lists, what nvidia-smi shows.
+sleep 6
+listed=$(for s in $(host_ctl get_server_list); do host_ctl "get_client_list $s"; done | tr '\n' ' ')
+smi=$(nvidia-smi --query-compute-apps=pid,used_memory --format=csv,noheader 2>/dev/null | tr '\n' ';')
+leases=$(GPU_MPS_CONFIG=$CFG gpu-mps leases 2>&1 | tr '\n' ';' | cut -c1-300)
+wait $P
+read -r ran refused total worst <<<"$(python3 - "$D/h10-relay.out" <<'EOF'
+import json, sys
+rows = [json.loads(l) for l in open(sys.argv[1]) if l.startswith("{")]
+ran = [r for r in rows if r.get("ok") and r.get("got_mib", 0) > 0]
+got = [r.get("got_mib", 0) for r in ran]
+print(len(ran), len(rows) - len(ran), sum(got), max(got, default=0))
+EOF
+)"
+brokers=$(grep 'gate: client admitted' "$D/manager-h10.log" | grep -o 'client_pid=[0-9]*' | sort -u | tr '\n' ' ')
+refusals=$(grep -c 'gate: refused' "$D/manager-h10.log")
+check H10.relay "a 4Gi pod of 1 CUDA process relaying 4 processes through brokers that exit: at most 1 runs, at most 4096 MiB in all" \
+    "ran=$ran refused=$refused total_mib=$total max_mib=$worst gate_refusals=$refusals" \
+    '[ "$ran" -le 1 ] && [ "$total" -le 4096 ] && [ "$refused" -ge 3 ]'
+row H10.listed INFO "who MPS lists for a relayed client: the server's client list vs the brokers the gate admitted (pids, host namespace)" \
+    "server lists: ${listed:-none}; gate admitted brokers: ${brokers:-none}; nvidia-smi: ${smi:-none}; leases: $leases"
+fi
+
+if want H11; then
+log "H11: a non-root host user (uid 65534) against the gates and daemons of running pods"
+stop_manager; write_config exact; start_manager h11 || exit 1
+run_ctr h11-pod gpu-mps 4Gi 25 -- $BENCH fill --mib 2048 --chunk-mib 64 --seconds 10 --tag h11 &
+P=$!
+sleep 5
+paths=$(ls -d /run/gpu-mps-test/gates/*/control /run/gpu-mps-test/daemons/*/pipe/control 2>/dev/null | tr '\n' ' ')
+probe=$(setpriv --reuid 65534 --regid 65534 --clear-groups python3 -c '
+import socket, sys
+out = []
+for path in sys.argv[1:]:
+    s = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+    s.settimeout(3)
+    try:
+        s.connect(path)
+        out.append(path + "=CONNECTED")
+    except OSError as e:
+        out.append(path + "=" + e.__class__.__name__)
+print(" ".join(out))
+' $paths 2>&1 | sed 's|/run/gpu-mps-test|<root>|g')
+modes=$(stat -c '%n=%a:%U' /run/gpu-mps-test /run/gpu-mps-test/gates /run/gpu-mps-test/daemons 2>/dev/null | sed 's|/run/gpu-mps-test|<root>|g' | tr '\n' ' ')
+wait $P
+load_ok=$(jget "$(last_json "$D/h11-pod.out")" "d.get('ok')")
+check H11.host-user "uid 65534 on the host reaches no gate and no daemon's control socket while a pod runs (every connect refused)" \
+    "$probe; modes: $modes; pod ok=$load_ok" \
+    '[ -n "$probe" ] && ! grep -q CONNECTED <<<"$probe" && grep -q "gates/" <<<"$probe" && grep -q "pipe/control" <<<"$probe" && [ "$load_ok" = True ]'
 fi
 
 echo

@@ -64,7 +64,7 @@ CUDA_LIB=$(readlink -f "$(dirname "$(command -v nvcc)")/../lib64")
 nvcc -O2 -o "$W/rootfs-base/check/mps-bench" tests/gpu/mps-bench.cu -lcublas -Xlinker -rpath="$CUDA_LIB" ||
     log "mps-bench did not build (only tests/gpu/proof.sh needs it)"
 cp "$W/bin/gpu-mps-checker" "$W/rootfs-base/check/checker"
-cp tests/gpu/hostile-client.py tests/gpu/torch-procs.py "$W/rootfs-base/check/"
+cp tests/gpu/hostile-client.py tests/gpu/relay.py tests/gpu/torch-procs.py "$W/rootfs-base/check/"
 SMS_TOTAL=$(jget "$("$W/rootfs-base/check/mps-check" --tag host)" "d['sms']")
 log "GPU has $SMS_TOTAL SMs (direct context on the host, before any daemon)"
 mkdir -p "$W/rootfs-base"/{proc,sys,dev,tmp,usr,lib,lib64,bin,etc,sbin}

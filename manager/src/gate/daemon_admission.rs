@@ -398,10 +398,17 @@ impl Owner {
 
     /// Follows whether the daemon answers, and reports it once when it stops.
     fn note(&mut self, container: &ContainerId, pid: i32, outcome: &Outcome, channel_issued: bool) {
-        // A channel the daemon issued counts even when passing it on failed: the process that
-        // asked for it may still be the one that leaves the server stuck.
+        // The suspect of a stall is the process whose channel was the last thing the daemon
+        // did before it stopped answering. A channel the daemon issued counts even when passing
+        // it on failed (the process that asked for it may still leave the server stuck); a
+        // request served since without a channel clears it: a stall that begins after it
+        // began with no channel issued, and blames nobody (a silent connection from elsewhere
+        // holds a daemon the same way).
+        let unanswered = matches!(outcome, Outcome::Failed { unanswered: true, .. });
         if channel_issued {
             self.last_channel = Some((container.clone(), pid));
+        } else if !unanswered && !matches!(outcome, Outcome::ClientGone | Outcome::Blocked(_)) {
+            self.last_channel = None;
         }
         match outcome {
             Outcome::Admitted { .. } | Outcome::Answered(_) => {
@@ -564,6 +571,13 @@ impl Owner {
         {
             // Only the acknowledgement measured (four zero bytes, no descriptors) is passed
             // on: anything else from the client never reaches the daemon.
+            // The acknowledgement must come from the process that connected and asked: a
+            // connector that passed its connection on (or exited) before it acknowledged gets
+            // its channel refused here; the daemon never hears the acknowledgement.
+            Ok(Ok(Some(ack))) if ack.credentials.map(|c| c.pid()) != Some(credentials.pid()) => {
+                warn!(daemon = %self.name, client_pid = credentials.pid(), sender = ?ack.credentials.map(|c| c.pid()), "gate: the acknowledgement came from another process than the one that connected (a relayed connection); not passed on");
+                false
+            }
             Ok(Ok(Some(ack))) if ack.bytes == wire::CLIENT_ACK && ack.fd_count() == 0 => {
                 seqpacket::send_message(&upstream, &ack.bytes, &[], Some(credentials))
                     .await
@@ -655,5 +669,63 @@ mod tests {
             .collect();
         assert_eq!(classes, [1, 2, 3]);
         assert!(rr.is_empty());
+    }
+
+    fn owner(dir: &std::path::Path, reports: WedgeReports) -> Owner {
+        Owner {
+            name: "GPU-test".into(),
+            pipe_dir: dir.to_path_buf(),
+            gpu_count: 1,
+            control: Arc::new(crate::mps_control::CliControl {
+                binary: "/nonexistent/mps-control".into(),
+                timeout: Duration::from_secs(1),
+            }),
+            timings: RelayTimings {
+                answer_timeout: Duration::from_millis(10),
+                ack_timeout: Duration::from_millis(10),
+            },
+            applied: None,
+            view: Arc::default(),
+            unanswered: 0,
+            last_channel: None,
+            reported_daemon: None,
+            reports,
+        }
+    }
+
+    #[test]
+    fn a_stall_that_began_after_a_request_served_without_a_channel_blames_nobody() {
+        let dir = tempfile::tempdir().unwrap();
+        let stall = || Outcome::Failed {
+            why: "no hello within 10 ms".into(),
+            unanswered: true,
+        };
+        let admitted = Outcome::Admitted {
+            answer_ms: 1,
+            acked: true,
+        };
+        let innocent = ContainerId::parse("innocent").unwrap();
+        let other = ContainerId::parse("other").unwrap();
+        // The innocent container got its channel; a later request was answered without one
+        // (the daemon worked after that channel); then the daemon stopped answering.
+        let reports: WedgeReports = Arc::default();
+        let mut o = owner(dir.path(), reports.clone());
+        o.note(&innocent, 10, &admitted, true);
+        o.note(&other, 11, &Outcome::Answered("closed".into()), false);
+        for _ in 0..WEDGED_AFTER {
+            o.note(&other, 11, &stall(), false);
+        }
+        let got = std::mem::take(&mut *lock(&reports));
+        assert_eq!(got.len(), 1, "{got:?}");
+        assert_eq!(got[0].suspect, None, "nobody is blamed: {got:?}");
+        // The channel right before the stall is the suspect.
+        let mut o = owner(dir.path(), reports.clone());
+        o.note(&other, 11, &Outcome::Answered("closed".into()), false);
+        o.note(&innocent, 10, &admitted, true);
+        for _ in 0..WEDGED_AFTER {
+            o.note(&other, 11, &stall(), false);
+        }
+        let got = std::mem::take(&mut *lock(&reports));
+        assert_eq!(got[0].suspect, Some((innocent, 10)));
     }
 }

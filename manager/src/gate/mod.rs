@@ -50,7 +50,7 @@ use crate::process_identity::ProcessIdentity;
 use daemon_admission::{
     DaemonAdmission, Job, JobDone, Outcome, QueueView, RelayTimings, WedgeReport, WedgeReports,
 };
-use processes::{Decision, ProcessBudget};
+use processes::{Decision, ProcessBudget, ServerClients};
 use wire::Request;
 
 #[derive(Debug, Error)]
@@ -107,6 +107,9 @@ pub struct GateTarget {
     /// The container's processes already on the server when the gate opens (a restarted
     /// manager finds them among the server's clients): they count against `cuda_processes`.
     pub running: Vec<ProcessIdentity>,
+    /// The container's init process: the server's clients in its cgroup are the container's,
+    /// whoever connected for them. `None`: only the processes the gate let through count.
+    pub init: Option<ProcessIdentity>,
     /// namespace/pod or the container id, for logs.
     pub owner: String,
 }
@@ -266,6 +269,7 @@ impl Gates {
             node_budget: self.node_budget.clone(),
             node_budget_logged: self.node_budget_logged.clone(),
             metrics: self.metrics.clone(),
+            control: self.control.clone(),
         };
         let container = serving.target.container.clone();
         let (stop_accepting, stop) = tokio::sync::watch::channel(false);
@@ -449,6 +453,8 @@ struct Serving {
     node_budget: Arc<Semaphore>,
     node_budget_logged: Arc<AtomicBool>,
     metrics: Metrics,
+    /// Asks the daemon which clients its servers hold (`get_client_list`).
+    control: Arc<dyn MpsControl>,
 }
 
 /// The permits one open connection holds; released when it closes.
@@ -573,7 +579,7 @@ async fn serve_connection(stream: UnixStream, slot: Slot, serving: Serving) {
     {
         return;
     }
-    let request = match read_request(&client).await {
+    let request = match read_request(&client, client_pid).await {
         Ok(Some(request)) => request,
         // The probe of a CUDA client: the hello was all it wanted.
         Ok(None) => return,
@@ -599,7 +605,13 @@ async fn serve_connection(stream: UnixStream, slot: Slot, serving: Serving) {
         debug!(container = %target.container, client_pid, "gate: the client process is gone");
         return;
     };
-    let decision = lock(&serving.state.budget).decide(process, ProcessIdentity::is_alive);
+    let decision = match decide(&serving, process).await {
+        Ok(decision) => decision,
+        Err(why) => {
+            refuse(&serving, client_pid, GateRefusal::ServerUnreachable, &why);
+            return;
+        }
+    };
     match decision {
         Decision::Known | Decision::Reserved => {}
         Decision::TooManyChannels { channels } => {
@@ -613,13 +625,13 @@ async fn serve_connection(stream: UnixStream, slot: Slot, serving: Serving) {
             );
             return;
         }
-        Decision::OverBudget { limit, live } => {
+        Decision::OverBudget { limit, live, .. } => {
             refuse(
                 &serving,
                 client_pid,
                 GateRefusal::OverCudaProcesses,
                 &format!(
-                    "CUDA process {client_pid}: the container already runs {} of its {limit} CUDA processes (gpu-mps.io/cuda-processes; running: {live:?})",
+                    "CUDA process {client_pid}: the container already holds {} of its {limit} CUDA processes on the server (gpu-mps.io/cuda-processes; holders, as the gate counted them and the server lists them: {live:?})",
                     live.len()
                 ),
             );
@@ -721,12 +733,16 @@ async fn serve_connection(stream: UnixStream, slot: Slot, serving: Serving) {
 
 /// Reads a connection's request: `None` if the client closed without one (a CUDA client's
 /// probe). Waits as long as the client stays silent: that costs nobody but its container.
-async fn read_request(client: &AsyncFd<UnixStream>) -> std::io::Result<Option<Request>> {
+/// Every message must come from the process that connected (`connector`, its SO_PEERCRED
+/// pid): the kernel stamps each message with its sender (SO_PASSCRED, and a pod cannot forge
+/// another pid without CAP_SYS_ADMIN), so a connection handed to another process (a relay that
+/// connects for others and passes the descriptor on) is refused, never counted as the relay.
+async fn read_request(client: &AsyncFd<UnixStream>, connector: i32) -> std::io::Result<Option<Request>> {
     let Some(first) = seqpacket::recv_message(client).await? else {
         return Ok(None);
     };
-    if first.fd_count() > 0 {
-        return Ok(Some(Request::Other("it passed descriptors".into())));
+    if let Some(other) = foreign(&first, connector) {
+        return Ok(Some(other));
     }
     if let Some(other) = wire::classify_first(&first.bytes) {
         return Ok(Some(other));
@@ -734,10 +750,111 @@ async fn read_request(client: &AsyncFd<UnixStream>) -> std::io::Result<Option<Re
     let Some(second) = seqpacket::recv_message(client).await? else {
         return Ok(None);
     };
-    if second.fd_count() > 0 {
-        return Ok(Some(Request::Other("it passed descriptors".into())));
+    if let Some(other) = foreign(&second, connector) {
+        return Ok(Some(other));
     }
     Ok(Some(wire::classify(&first.bytes, &second.bytes)))
+}
+
+/// What is wrong with a message of a request that is not the connector's own plain message.
+fn foreign(message: &seqpacket::Message, connector: i32) -> Option<Request> {
+    if message.fd_count() > 0 {
+        return Some(Request::Other("it passed descriptors".into()));
+    }
+    match message.credentials {
+        Some(c) if c.pid() == connector => None,
+        Some(c) => Some(Request::Other(format!(
+            "a request sent by pid {} on a connection that pid {connector} opened (a connection passed to another process)",
+            c.pid()
+        ))),
+        None => Some(Request::Other(
+            "a message without its sender's credentials".into(),
+        )),
+    }
+}
+
+/// How long a process is kept waiting for a place that exited processes still hold on the
+/// server (MPS lets a client go a moment after the process ends), before it is refused.
+const LINGER_WAIT: Duration = Duration::from_secs(3);
+const LINGER_POLL: Duration = Duration::from_millis(100);
+
+/// Counts `process` against the container's budget. A process the gate knows already needs no
+/// look at the server; a new one is decided on what the server lists now, asked again while
+/// only exited processes the server still lists stand in its way.
+async fn decide(serving: &Serving, process: ProcessIdentity) -> Result<Decision, String> {
+    if lock(&serving.state.budget).knows(process) {
+        return Ok(lock(&serving.state.budget).decide(
+            process,
+            ProcessIdentity::is_alive,
+            ServerClients::default(),
+        ));
+    }
+    let started = Instant::now();
+    let deadline = started + LINGER_WAIT;
+    let mut backoff = RETRY_FIRST;
+    loop {
+        let server = match server_clients(serving).await {
+            Ok(server) => server,
+            // A daemon that restarts answers again in a moment: wait as for a server that does
+            // not answer, then refuse cleanly.
+            Err(why) if started.elapsed() + backoff <= serving.timings.queue_timeout => {
+                debug!(container = %serving.target.container, pid = process.pid, "{why}; asking again");
+                tokio::time::sleep(backoff).await;
+                backoff = (backoff * 2).min(RETRY_MAX);
+                continue;
+            }
+            Err(why) => return Err(why),
+        };
+        let decision = lock(&serving.state.budget).decide(process, ProcessIdentity::is_alive, server);
+        match decision {
+            Decision::OverBudget { lingering: true, .. } if Instant::now() < deadline => {
+                tokio::time::sleep(LINGER_POLL).await;
+            }
+            other => return Ok(other),
+        }
+    }
+}
+
+/// What the daemon's servers hold now, and which of those clients run in the container. A
+/// daemon that has no server yet lists none; one that cannot be asked refuses the process: the
+/// gate cannot tell what the container already holds.
+async fn server_clients(serving: &Serving) -> Result<ServerClients, String> {
+    let target = &serving.target;
+    let control = serving.control.as_ref();
+    let pipe_dir = &target.daemon_pipe_dir;
+    let failed = |e: mps_control::ControlError| {
+        format!("the gate cannot ask the MPS control daemon which clients its server holds: {e}")
+    };
+    let mut listed = Vec::new();
+    for server in mps_control::server_pids(control, pipe_dir)
+        .await
+        .map_err(failed)?
+    {
+        listed.extend(
+            mps_control::client_pids(control, pipe_dir, server)
+                .await
+                .map_err(failed)?,
+        );
+    }
+    let init_cgroup = target
+        .init
+        .filter(ProcessIdentity::is_alive)
+        .and_then(|init| crate::process_identity::cgroup_of(init.pid));
+    // A container in the manager's own cgroup (no cgroup of its own) would claim every client.
+    let own_cgroup = crate::process_identity::cgroup_of(std::process::id());
+    let init_cgroup = init_cgroup.filter(|c| Some(c) != own_cgroup.as_ref());
+    let in_container = match &init_cgroup {
+        Some(init) => listed
+            .iter()
+            .copied()
+            .filter(|pid| {
+                crate::process_identity::cgroup_of(*pid)
+                    .is_some_and(|cgroup| crate::process_identity::in_cgroup_of(&cgroup, init))
+            })
+            .collect(),
+        None => Vec::new(),
+    };
+    Ok(ServerClients { listed, in_container })
 }
 
 /// Refuses a connection after its request: dropping it closes it, which the client reports as
