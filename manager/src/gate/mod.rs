@@ -142,6 +142,8 @@ struct GateState {
     connections: AtomicU32,
     /// A waiting client is logged once, not at every retry.
     waiting_logged: AtomicBool,
+    /// A daemon that cannot say which clients its server holds is logged once, until it can.
+    listing_failed_logged: AtomicBool,
     /// Set when a process of this container left its GPU's MPS server stuck: every request of
     /// the container is refused from then on (it must not do it again after the recovery).
     /// Shared with the daemon's owner, which checks it again right before it serves a job
@@ -257,6 +259,7 @@ impl Gates {
             refusal_log: StdMutex::new(refusal_log::RefusalLog::default()),
             connections: AtomicU32::new(0),
             waiting_logged: AtomicBool::new(false),
+            listing_failed_logged: AtomicBool::new(false),
             blocked: Arc::new(StdMutex::new(None)),
         });
         info!(container = %target.container, owner = %target.owner, daemon = %target.daemon, limits = %target.limits, cuda_processes = target.cuda_processes, running = ?target.running.iter().map(|p| p.pid).collect::<Vec<_>>(), class = ?target.class(), gate = %target.gate_dir.display(), socket = how, "gate open");
@@ -605,13 +608,7 @@ async fn serve_connection(stream: UnixStream, slot: Slot, serving: Serving) {
         debug!(container = %target.container, client_pid, "gate: the client process is gone");
         return;
     };
-    let decision = match decide(&serving, process).await {
-        Ok(decision) => decision,
-        Err(why) => {
-            refuse(&serving, client_pid, GateRefusal::ServerUnreachable, &why);
-            return;
-        }
-    };
+    let decision = decide(&serving, process).await;
     match decision {
         Decision::Known | Decision::Reserved => {}
         Decision::TooManyChannels { channels } => {
@@ -781,36 +778,36 @@ const LINGER_POLL: Duration = Duration::from_millis(100);
 /// Counts `process` against the container's budget. A process the gate knows already needs no
 /// look at the server; a new one is decided on what the server lists now, asked again while
 /// only exited processes the server still lists stand in its way.
-async fn decide(serving: &Serving, process: ProcessIdentity) -> Result<Decision, String> {
+async fn decide(serving: &Serving, process: ProcessIdentity) -> Decision {
     if lock(&serving.state.budget).knows(process) {
-        return Ok(lock(&serving.state.budget).decide(
-            process,
-            ProcessIdentity::is_alive,
-            ServerClients::default(),
-        ));
+        return lock(&serving.state.budget).decide(process, ProcessIdentity::is_alive, None);
     }
-    let started = Instant::now();
-    let deadline = started + LINGER_WAIT;
-    let mut backoff = RETRY_FIRST;
+    let deadline = Instant::now() + LINGER_WAIT;
     loop {
         let server = match server_clients(serving).await {
-            Ok(server) => server,
-            // A daemon that restarts answers again in a moment: wait as for a server that does
-            // not answer, then refuse cleanly.
-            Err(why) if started.elapsed() + backoff <= serving.timings.queue_timeout => {
-                debug!(container = %serving.target.container, pid = process.pid, "{why}; asking again");
-                tokio::time::sleep(backoff).await;
-                backoff = (backoff * 2).min(RETRY_MAX);
-                continue;
+            Ok(server) => {
+                serving
+                    .state
+                    .listing_failed_logged
+                    .store(false, Ordering::Relaxed);
+                server
             }
-            Err(why) => return Err(why),
+            // A stuck server leaves its daemon's server-bound commands hanging (measured), and
+            // a restarting daemon answers nothing: the gate then counts what it let through
+            // itself, and the daemon's owner goes on to notice the stall and recover.
+            Err(why) => {
+                if !serving.state.listing_failed_logged.swap(true, Ordering::Relaxed) {
+                    warn!(container = %serving.target.container, owner = %serving.target.owner, daemon = %serving.target.daemon, "gate: {why}; counting only the processes the gate let through until the daemon answers again");
+                }
+                ServerClients::default()
+            }
         };
-        let decision = lock(&serving.state.budget).decide(process, ProcessIdentity::is_alive, server);
+        let decision = lock(&serving.state.budget).decide(process, ProcessIdentity::is_alive, Some(server));
         match decision {
             Decision::OverBudget { lingering: true, .. } if Instant::now() < deadline => {
                 tokio::time::sleep(LINGER_POLL).await;
             }
-            other => return Ok(other),
+            other => return other,
         }
     }
 }

@@ -93,16 +93,19 @@ impl ProcessBudget {
         self.counted.iter().any(|c| c.who == who)
     }
 
-    /// Decides for `who`, given what the server lists now (`server`). A counted process stops
-    /// counting once `alive` is false for it and the server no longer lists it; the server's
-    /// clients in the container's cgroup that nobody here counts take a place each.
+    /// Decides for `who`, given what the server lists now (`server`; `None`: as at the last
+    /// look, for a process already counted). A counted process stops counting once `alive` is
+    /// false for it and the server no longer lists it; the server's clients in the container's
+    /// cgroup that nobody here counts take a place each.
     pub fn decide(
         &mut self,
         who: ProcessIdentity,
         alive: impl Fn(&ProcessIdentity) -> bool,
-        server: ServerClients,
+        server: Option<ServerClients>,
     ) -> Decision {
-        self.server = server;
+        if let Some(server) = server {
+            self.server = server;
+        }
         self.forget_gone(&alive);
         if let Some(c) = self.counted.iter_mut().find(|c| c.who == who) {
             if c.channels + c.pending >= MAX_CHANNELS_PER_PROCESS {
@@ -216,8 +219,8 @@ mod tests {
 
     use super::*;
 
-    fn none() -> ServerClients {
-        ServerClients::default()
+    fn none() -> Option<ServerClients> {
+        Some(ServerClients::default())
     }
 
     fn p(pid: u32) -> ProcessIdentity {
@@ -372,7 +375,7 @@ mod tests {
             in_container: Vec::new(),
         };
         assert_eq!(
-            b.decide(p(2), alive, listing(&[1])),
+            b.decide(p(2), alive, Some(listing(&[1]))),
             Decision::OverBudget {
                 limit: 1,
                 live: vec![1],
@@ -381,7 +384,7 @@ mod tests {
         );
         assert_eq!(b.admitted(alive), vec![1], "the view keeps it too");
         // The holder closed its channel: the server lets the client go, its place is free.
-        assert_eq!(b.decide(p(2), alive, listing(&[])), Decision::Reserved);
+        assert_eq!(b.decide(p(2), alive, Some(listing(&[]))), Decision::Reserved);
     }
 
     #[test]
@@ -394,10 +397,10 @@ mod tests {
             listed: vec![7, 8, 9],
             in_container: vec![7],
         };
-        assert_eq!(b.decide(p(1), all, server.clone()), Decision::Reserved);
+        assert_eq!(b.decide(p(1), all, Some(server.clone())), Decision::Reserved);
         b.confirm(p(1));
         assert_eq!(
-            b.decide(p(2), all, server.clone()),
+            b.decide(p(2), all, Some(server.clone())),
             Decision::OverBudget {
                 limit: 2,
                 live: vec![1, 7],
@@ -406,7 +409,7 @@ mod tests {
         );
         assert_eq!(b.admitted(all), vec![1, 7]);
         assert_eq!(
-            b.decide(p(1), all, server),
+            b.decide(p(1), all, None),
             Decision::Known,
             "a counted process still gets its second channel"
         );
@@ -416,9 +419,9 @@ mod tests {
             listed: vec![7],
             in_container: vec![7],
         };
-        assert_eq!(b.decide(p(7), all, server.clone()), Decision::Reserved);
+        assert_eq!(b.decide(p(7), all, Some(server.clone())), Decision::Reserved);
         b.confirm(p(7));
-        assert_eq!(b.decide(p(8), all, server), Decision::Reserved);
+        assert_eq!(b.decide(p(8), all, Some(server)), Decision::Reserved);
     }
 
     #[test]
@@ -434,13 +437,36 @@ mod tests {
             b.decide(
                 p(2),
                 alive,
-                ServerClients {
+                Some(ServerClients {
                     listed: vec![5],
                     in_container: vec![]
-                }
+                })
             ),
             Decision::Reserved
         );
         assert!(!b.knows(p(1)));
+    }
+
+    #[test]
+    fn a_counted_process_asking_again_keeps_what_the_server_listed_last() {
+        let mut b = ProcessBudget::new(2);
+        let dead = RefCell::new(HashSet::new());
+        let alive = |x: &ProcessIdentity| !dead.borrow().contains(&x.pid);
+        assert_eq!(b.decide(p(1), alive, none()), Decision::Reserved);
+        b.confirm(p(1));
+        assert_eq!(b.decide(p(2), alive, none()), Decision::Reserved);
+        b.confirm(p(2));
+        dead.borrow_mut().insert(1);
+        let listed = ServerClients {
+            listed: vec![1, 2],
+            in_container: vec![],
+        };
+        assert!(matches!(
+            b.decide(p(3), alive, Some(listed)),
+            Decision::OverBudget { .. }
+        ));
+        // Process 2's second channel: no new look at the server, and 1 still holds its place.
+        assert_eq!(b.decide(p(2), alive, None), Decision::Known);
+        assert!(matches!(b.decide(p(3), alive, None), Decision::OverBudget { .. }));
     }
 }
