@@ -101,10 +101,13 @@ impl ManagerCore {
                 && existing.cuda_processes == request.cuda_processes
                 && existing.memory_units == request.memory_units
             {
+                let response = self.response_for(&books, &existing);
+                // Outside the books: opening asks the gate keeper to hold the socket.
+                drop(books);
                 if !self.gates.is_open(gate_id) {
                     self.gates.open(self.gate_target(gate_id, &existing), None)?;
                 }
-                return Ok(Reservation::Held(self.response_for(&books, &existing)));
+                return Ok(Reservation::Held(response));
             }
             if same_process || existing.container_alive() {
                 return Err(ManagerError::InvalidRequest(format!(
@@ -213,8 +216,9 @@ impl ManagerCore {
         }
         if !still_pending {
             // Released while its daemon started (the container was deleted meanwhile).
-            self.gates.close(gate_id, &self.config.gate_dir(gate_id));
             books.mark_idle_if_unused(&lease.key);
+            drop(books);
+            self.gates.close(gate_id, &self.config.gate_dir(gate_id));
             return Err(ManagerError::InvalidRequest(format!(
                 "container {} was released while its lease was being acquired",
                 lease.container_id

@@ -158,6 +158,7 @@ impl ManagerCore {
             })
             .collect();
         let mut changed = false;
+        let mut to_close = Vec::new();
         for lease in gone {
             // The poststop hook releases a lease just after its container's process exits, and
             // the tick often falls in between (measured on the H200: a WARN for a clean exit).
@@ -170,13 +171,18 @@ impl ManagerCore {
             warn!(container = %lease.container_id, pod = %lease.pod, namespace = %lease.namespace, gone_for_s = now - since, "container process is gone and no release came (poststop hook missed?); lease dropped");
             books.state.leases.remove(&lease.container_id);
             if let Ok(id) = ContainerId::parse(&lease.container_id) {
-                self.gates.close(&id, &self.config.gate_dir(&id));
+                to_close.push(id);
             }
             books.mark_idle_if_unused(&lease.key);
             changed = true;
         }
         if changed {
             self.save_or_log(&mut books, "after dropping leases of gone containers");
+        }
+        // Outside the books: each close is a round trip to the gate keeper.
+        drop(books);
+        for id in to_close {
+            self.gates.close(&id, &self.config.gate_dir(&id));
         }
     }
 

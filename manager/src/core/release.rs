@@ -11,11 +11,13 @@ impl ManagerCore {
     /// acquired is dropped too: its Acquire then fails and closes what it opened.
     pub async fn release(&self, container_id: &str) -> Result<bool, ManagerError> {
         let started = std::time::Instant::now();
-        let mut books = self.books();
         if let Ok(id) = ContainerId::parse(container_id) {
             // Also when no gate is open: the shim made the dir, and the Acquire may have failed.
+            // Before the books are taken: closing asks the gate keeper to drop the socket, a
+            // round trip that must not hold every other GPU's requests.
             self.gates.close(&id, &self.config.gate_dir(&id));
         }
+        let mut books = self.books();
         if let Some(pending) = books.pending.remove(container_id) {
             info!(container = %container_id, daemon = %pending.key, "lease released while it was being acquired");
             return Ok(true);

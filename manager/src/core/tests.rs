@@ -1620,3 +1620,53 @@ async fn metrics_follow_the_books_and_the_events_of_acquire_and_reconcile() {
         assert!(text.lines().any(|l| l == line), "no line {line} in:\n{text}");
     }
 }
+
+/// A gate keeper that takes its time to drop a socket.
+struct SlowStore {
+    forget_takes: std::time::Duration,
+}
+
+impl ListenerStore for SlowStore {
+    fn keep(&self, _: &str, _: std::os::fd::BorrowedFd<'_>) -> Result<(), String> {
+        Ok(())
+    }
+    fn forget(&self, _: &str) -> Result<(), String> {
+        std::thread::sleep(self.forget_takes);
+        Ok(())
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_slow_gate_keeper_does_not_hold_the_other_requests_of_the_node() {
+    let e = env(LimitPolicy::Exact, Tenancy::Shared);
+    let store = Arc::new(SlowStore {
+        forget_takes: std::time::Duration::from_millis(1500),
+    });
+    let options = StartOptions {
+        config_source: PathBuf::new(),
+        inherited_gates: HashMap::new(),
+        listener_store: Some(store as Arc<dyn ListenerStore>),
+        ..StartOptions::default()
+    };
+    let m = Arc::new(
+        ManagerCore::start_with(e.config.clone(), e.control.clone(), e.backend.clone(), options)
+            .await
+            .unwrap(),
+    );
+    m.acquire(request("c1", "GPU-0", 4, 25, "ns")).await.unwrap();
+    let releasing = {
+        let m = m.clone();
+        tokio::spawn(async move { m.release("c1").await.unwrap() })
+    };
+    // The release is in the keeper's round trip now; another request of the node goes on.
+    tokio::time::sleep(std::time::Duration::from_millis(200)).await;
+    let started = std::time::Instant::now();
+    let status = m.status().await;
+    let took = started.elapsed();
+    assert!(
+        took < std::time::Duration::from_millis(700),
+        "status waited {took:?} for the keeper's round trip of another container's release"
+    );
+    assert!(!status.daemons.is_empty());
+    assert!(releasing.await.unwrap(), "the release itself completes");
+}
