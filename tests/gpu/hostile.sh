@@ -56,17 +56,19 @@ for policy in uniform ceiling exact; do
     # A client first, so that the daemon and its server run while the pod tries.
     run_ctr "h1-$policy-ui" gpu-mps 4Gi 25 -- /bin/sh -c "$CHECK --alloc-mib 3300 --alloc-mib 4700 --tag first; UI_CMDS='$UI_CMDS'; $UI_SCRIPT"
     listing=$(grep '^ls:' "$D/h1-$policy-ui.out")
-    # A refused session prints "Cannot send command to MPS control daemon process" (exit 1) or,
-    # when its writes beat the gate's close, nothing (exit 0; measured): either way no answer.
+    # A change (set, quit, terminate_client, shutdown_server) is answered by the gate as MPS
+    # answers an unprivileged user; a read gets "Cannot send command to MPS control daemon
+    # process" (exit 1) or, when its writes beat the gate's close, nothing (exit 0; measured).
     # What reached the daemon is in the manager's log: every session the gate refused.
-    answered=$(grep '^ui\[' "$D/h1-$policy-ui.out" | grep -v -e 'out=Cannot send command to MPS control daemon process' -e 'out= *$' -c)
+    answered=$(grep '^ui\[' "$D/h1-$policy-ui.out" | grep -v -e 'out=Cannot send command to MPS control daemon process' -e 'out= *$' -e 'out=Insufficient privileges for UID 0' -e 'out=Not enough privilege to execute quit command' -c)
+    told_refused=$(grep -E '^ui\[(set_|quit|terminate_client|shutdown_server)' "$D/h1-$policy-ui.out" | grep -c -e 'out=Insufficient privileges for UID 0' -e 'out=Not enough privilege to execute quit command')
     refused=$(grep -c "gate: refused a control (UI) session.*container=h1-$policy-ui" "$D/manager-h1-$policy.log")
     hostile_cmds=$(grep -cE 'Cmd:(set_default_active_thread_percentage 100|set_default_device_pinned_mem_limit 0 64G|terminate_client 1 1|shutdown_server 1|get_client_list 1)$' /run/gpu-mps-test/daemons/*/log/control.log)
     check "H1.$policy.only-control" "a pod's /tmp/nvidia-mps holds only the gate's control socket" "$listing" \
         '[ "$listing" = "ls: control " ]'
     check "H1.$policy.ui-refused" "8 control commands from the root pod (set, quit, terminate_client, shutdown_server, reads): none reaches the daemon" \
-        "gate refused $refused of 8 sessions; answered with data: $answered; the pod's commands in the daemon's control.log: $hostile_cmds; $(grep '^ui\[' "$D/h1-$policy-ui.out" | head -n 2 | tr '\n' ' ')..." \
-        '[ "$refused" = 8 ] && [ "$answered" = 0 ] && [ "$hostile_cmds" = 0 ]'
+        "gate refused $refused of 8 sessions; answered with data: $answered; changes told they were refused: $told_refused of 5; the pod's commands in the daemon's control.log: $hostile_cmds; $(grep '^ui\[' "$D/h1-$policy-ui.out" | sed -n 4,5p | tr '\n' ' ')..." \
+        '[ "$refused" = 8 ] && [ "$answered" = 0 ] && [ "$told_refused" = 5 ] && [ "$hostile_cmds" = 0 ]'
     threads=$(host_ctl get_default_active_thread_percentage)
     alive=$(jget "$(status_json)" "len(d['daemons'])")
     run_ctr "h1-$policy-after" gpu-mps 4Gi 25 -- "$CHECK" --alloc-mib 3300 --alloc-mib 4700 --tag after

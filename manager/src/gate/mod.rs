@@ -591,6 +591,19 @@ async fn serve_connection(stream: UnixStream, slot: Slot, serving: Serving) {
             return;
         }
     };
+    if request == Request::UiSession {
+        // A set, quit or terminate from the pod is answered as MPS answers a user who may not
+        // change the daemon, so that a tenant is never told a change was made (the CLI exits 0
+        // and prints nothing when the gate just closes, measured); a read is closed unanswered.
+        let commands = answer_ui_session(&client, peer.uid()).await;
+        refuse(
+            &serving,
+            client_pid,
+            GateRefusal::NotACudaClient,
+            &format!("{} (commands: {commands:?})", request.describe()),
+        );
+        return;
+    }
     if request != Request::CudaClient {
         refuse(
             &serving,
@@ -769,6 +782,46 @@ fn foreign(message: &seqpacket::Message, connector: i32) -> Option<Request> {
         )),
     }
 }
+
+/// Serves a UI session's commands with the refusal MPS gives an unprivileged user, until it
+/// ends, sends a read (closed unanswered) or anything not framed as measured. Never reaches the
+/// daemon. Returns the commands it saw, for the log (at most [`UI_COMMANDS`]).
+async fn answer_ui_session(client: &AsyncFd<UnixStream>, uid: u32) -> Vec<String> {
+    // The CLI sends its command right after its request (measured: all in a row): a session
+    // that says nothing more is closed unanswered, as a bare request always was.
+    let next = || async { tokio::time::timeout(UI_COMMAND_WAIT, seqpacket::recv_message(client)).await };
+    let mut seen = Vec::new();
+    while seen.len() < UI_COMMANDS {
+        let Ok(Ok(Some(length))) = next().await else {
+            break;
+        };
+        let wire::UiStep::Length(length) = wire::ui_step(&length.bytes) else {
+            break;
+        };
+        let Ok(Ok(Some(message))) = next().await else {
+            break;
+        };
+        let Some(command) = wire::ui_command(&message.bytes, length) else {
+            break;
+        };
+        let refusal = wire::ui_refusal(&command, uid);
+        seen.push(command);
+        let Some(text) = refusal else {
+            break;
+        };
+        for part in wire::ui_answer(&text) {
+            if seqpacket::send_message(client, &part, &[], None).await.is_err() {
+                return seen;
+            }
+        }
+    }
+    seen
+}
+
+/// Commands one UI session gets answered before the gate closes it.
+const UI_COMMANDS: usize = 16;
+/// Longest wait for a UI session's next message.
+const UI_COMMAND_WAIT: Duration = Duration::from_secs(1);
 
 /// How long a process is kept waiting for a place that exited processes still hold on the
 /// server (MPS lets a client go a moment after the process ends), before it is refused.

@@ -85,6 +85,74 @@ pub fn is_channel_answer(bytes: &[u8], descriptors: usize) -> bool {
     bytes == CHANNEL_ANSWER && descriptors == 1
 }
 
+/// A UI session's framing (measured, docs/gpu-results.md section 7): each command comes as an
+/// 8-byte little-endian length, then the command with `\n\0`; an 8-byte 0 ends the session. The
+/// daemon answers a command with 4 zero bytes and its output (when it has any), then an 8-byte 1.
+pub const UI_END_OF_SESSION: u64 = 0;
+pub const UI_END_OF_ANSWER: u64 = 1;
+const UI_OUTPUT_PREFIX: [u8; 4] = [0; 4];
+
+/// What a UI session sent next.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum UiStep {
+    /// The length of the command that follows.
+    Length(u64),
+    /// The session's end.
+    End,
+    /// Not the measured framing.
+    Malformed,
+}
+
+/// Reads a UI session's length message.
+pub fn ui_step(message: &[u8]) -> UiStep {
+    match <[u8; 8]>::try_from(message).map(u64::from_le_bytes) {
+        Ok(UI_END_OF_SESSION) => UiStep::End,
+        Ok(length) => UiStep::Length(length),
+        Err(_) => UiStep::Malformed,
+    }
+}
+
+/// The command of a framed command message of `length` bytes; `None` if it is not framed so.
+pub fn ui_command(message: &[u8], length: u64) -> Option<String> {
+    if message.len() as u64 != length {
+        return None;
+    }
+    let text = message.strip_suffix(b"\n\0")?;
+    Some(String::from_utf8_lossy(text).trim().to_string())
+}
+
+/// What MPS answers an unprivileged user (measured through `control`, as root in a pod) for a
+/// command that would change the daemon or a server; `None` for the reads, which the gate does
+/// not answer at all (they list other pods' processes).
+pub fn ui_refusal(command: &str, uid: u32) -> Option<String> {
+    const CHANGES: [&str; 8] = [
+        "set_default_active_thread_percentage",
+        "set_default_device_pinned_mem_limit",
+        "set_active_thread_percentage",
+        "set_device_pinned_mem_limit",
+        "start_server",
+        "shutdown_server",
+        "terminate_client",
+        "quit",
+    ];
+    let verb = command.split_whitespace().next()?;
+    if verb == "quit" {
+        return Some("Not enough privilege to execute quit command".into());
+    }
+    CHANGES.contains(&verb).then(|| {
+        format!(
+            "Insufficient privileges for UID {uid}. Control deamon settings can only be modified by the user who started it or by the root user."
+        )
+    })
+}
+
+/// A command's answer as the daemon frames it: the output message, then the end of the answer.
+pub fn ui_answer(text: &str) -> [Vec<u8>; 2] {
+    let mut output = UI_OUTPUT_PREFIX.to_vec();
+    output.extend_from_slice(text.as_bytes());
+    [output, UI_END_OF_ANSWER.to_le_bytes().to_vec()]
+}
+
 /// A message for a log line: printable ASCII as text, the rest as hex; at most 32 bytes.
 pub fn show(bytes: &[u8]) -> String {
     let head = &bytes[..bytes.len().min(32)];
@@ -144,6 +212,40 @@ mod tests {
         assert!(!is_channel_answer(CHANNEL_ANSWER, 0));
         assert!(!is_channel_answer(CHANNEL_ANSWER, 2));
         assert!(!is_channel_answer(HELLO, 1));
+    }
+
+    #[test]
+    fn a_ui_session_is_read_as_framed_and_changes_are_refused_as_mps_refuses_a_user() {
+        assert_eq!(ui_step(&12u64.to_le_bytes()), UiStep::Length(12));
+        assert_eq!(ui_step(&0u64.to_le_bytes()), UiStep::End);
+        assert_eq!(ui_step(b"quit\n\0"), UiStep::Malformed);
+        let command = b"set_default_active_thread_percentage 100\n\0";
+        assert_eq!(
+            ui_command(command, command.len() as u64).as_deref(),
+            Some("set_default_active_thread_percentage 100")
+        );
+        assert_eq!(ui_command(command, 3), None);
+        assert_eq!(ui_command(b"quit", 4), None);
+        let refused = ui_refusal("set_default_active_thread_percentage 100", 0).unwrap();
+        assert!(
+            refused.starts_with("Insufficient privileges for UID 0."),
+            "{refused}"
+        );
+        assert_eq!(
+            ui_refusal("quit", 1000).as_deref(),
+            Some("Not enough privilege to execute quit command")
+        );
+        for read in [
+            "get_server_list",
+            "get_client_list 1",
+            "",
+            "set_default_active_thread_percentagex 1",
+        ] {
+            assert_eq!(ui_refusal(read, 0), None, "{read}");
+        }
+        let [output, end] = ui_answer("no");
+        assert_eq!(output, b"\0\0\0\0no");
+        assert_eq!(end, 1u64.to_le_bytes());
     }
 
     #[test]

@@ -128,10 +128,28 @@ async fn a_pod_reaches_only_a_gate_that_lets_only_cuda_clients_through(suite: Su
             "quit",
         ] {
             let ui: MpsUi = exec(&mut cri, &c, &["mps-ui", command]).await?;
-            ensure!(
-                !ui.reached_daemon && ui.error.as_deref() == Some(CLI_CANNOT_SEND),
-                "{policy}: `{command}` from the pod: {ui:?}"
-            );
+            // A change is answered by the gate as MPS answers a user who may not make it (so
+            // the tenant is never told it was made); a read is closed unanswered. Neither
+            // reaches the daemon (checked below: the same daemon, the same limits served).
+            let refusal = if command == "quit" {
+                Some("Not enough privilege to execute quit command")
+            } else if command.starts_with("set_") || command.starts_with("terminate_") {
+                Some(
+                    "Insufficient privileges for UID 0. Control deamon settings can only be modified by the user who started it or by the root user.",
+                )
+            } else {
+                None
+            };
+            match refusal {
+                Some(text) => ensure!(
+                    ui.answer.as_deref() == Some(text) && ui.error.is_none(),
+                    "{policy}: `{command}` from the pod was not refused as MPS refuses a user: {ui:?}"
+                ),
+                None => ensure!(
+                    !ui.reached_daemon && ui.error.as_deref() == Some(CLI_CANNOT_SEND),
+                    "{policy}: `{command}` from the pod: {ui:?}"
+                ),
+            }
             ensure!(
                 ui.socket_used.as_deref() == Some("/tmp/nvidia-mps/control"),
                 "{policy}: the pod reached {:?}",
