@@ -6,12 +6,13 @@
 //! lets a root pod change or quit the daemon, measured). On each connection the gate:
 //! 1. answers the daemon's hello itself ([`wire::HELLO`]), so a connection that never speaks
 //!    holds no daemon, only one of its own container's connection slots;
-//! 2. reads the request and lets through only the measured request of a CUDA client; a UI
-//!    session (set, quit, terminate_client, the reads that list other pods' processes) or
-//!    anything else is refused: closed after its request, which a client reports as an error
-//!    (measured), never as a fallback to a direct context;
-//! 3. counts the container's CUDA processes ([`processes`]); one beyond its
-//!    `gpu-mps.io/cuda-processes` is refused the same way;
+//! 2. reads the request and lets through only the measured request of a CUDA client, sent by
+//!    the process that connected; a UI session's changes (set, quit, terminate_client) are
+//!    answered as MPS answers an unprivileged user, its reads (which list other pods'
+//!    processes) and anything else are refused: closed after the request, which a client
+//!    reports as an error (measured), never as a fallback to a direct context;
+//! 3. counts the container's CUDA processes ([`processes`]), with the clients its GPU's server
+//!    lists for it; one beyond its `gpu-mps.io/cuda-processes` is refused the same way;
 //! 4. hands the client to its daemon's owner ([`daemon_admission`]), which serves containers in
 //!    turn, sets the server's limits to the client's share (policy `exact`) and relays the
 //!    request and the daemon's answer, the client's channel to the server. The gate is never on
