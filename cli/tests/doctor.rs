@@ -7,10 +7,11 @@ use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 
-const CHECKS: [&str; 9] = [
+const CHECKS: [&str; 10] = [
     "node-config",
     "containerd",
     "runc",
+    "host-mps-dir",
     "cdi",
     "compute-mode",
     "nvml",
@@ -110,7 +111,7 @@ fn line_of(text: &str, check: &str) -> String {
         assert!(STATUSES.contains(&status), "{line}");
         assert_eq!(words.next(), Some(name), "{text}");
     }
-    assert!(lines[CHECKS.len()].starts_with("9 checks: "), "{text}");
+    assert!(lines[CHECKS.len()].starts_with("10 checks: "), "{text}");
     let at = CHECKS.iter().position(|c| *c == check).expect("a check name");
     lines[at].to_string()
 }
@@ -177,7 +178,7 @@ fn doctor_json_lists_every_check() {
     let checks = json["checks"].as_array().expect("checks");
     let names: Vec<&str> = checks.iter().filter_map(|c| c["check"].as_str()).collect();
     assert_eq!(names, CHECKS);
-    let manager = &checks[6];
+    let manager = &checks[CHECKS.iter().position(|c| *c == "manager").expect("manager")];
     assert_eq!(manager["status"], "FAIL");
     assert!(
         manager["fix"]
