@@ -7,6 +7,8 @@ use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 
+mod prerequisite;
+
 const CHECKS: [&str; 10] = [
     "node-config",
     "containerd",
@@ -219,25 +221,30 @@ fn cache_dir() -> PathBuf {
     }
 }
 
-/// Debian bookworm's containerd (1.6) from tests/support/fetch-containerd.sh's cache, if fetched.
-fn bookworm() -> Option<(PathBuf, PathBuf)> {
+/// Debian bookworm's containerd (1.6) from tests/support/fetch-containerd.sh's cache; not fetched,
+/// test `test` fails (or is skipped, see [`prerequisite::unmet`]).
+fn bookworm(test: &str) -> Option<(PathBuf, PathBuf)> {
     let root = cache_dir().join("containerd/bookworm");
     let binary = root.join("usr/bin/containerd");
     if binary.is_file() {
-        Some((root, binary))
-    } else {
-        eprintln!(
-            "skipped: {} is missing (tests/support/fetch-containerd.sh fetches it into {})",
+        return Some((root, binary));
+    }
+    prerequisite::unmet(
+        test,
+        &format!(
+            "{} is missing: run tests/support/fetch-containerd.sh (it fetches containerd into {})",
             binary.display(),
             cache_dir().display()
-        );
-        None
-    }
+        ),
+    );
+    None
 }
 
 #[test]
 fn the_registration_check_fails_before_install_containerd_and_passes_after() {
-    let Some((suite, containerd)) = bookworm() else {
+    let Some((suite, containerd)) =
+        bookworm("the_registration_check_fails_before_install_containerd_and_passes_after")
+    else {
         return;
     };
     let node = Node::new();
@@ -300,18 +307,14 @@ impl Drop for RunningContainerd {
     }
 }
 
-fn is_root() -> bool {
-    use std::os::unix::fs::MetadataExt;
-    fs::metadata("/proc/self").is_ok_and(|m| m.uid() == 0)
-}
-
 #[test]
 fn a_containerd_that_started_before_the_registration_needs_a_restart() {
-    let Some((suite, containerd)) = bookworm() else {
+    const TEST: &str = "a_containerd_that_started_before_the_registration_needs_a_restart";
+    let Some((suite, containerd)) = bookworm(TEST) else {
         return;
     };
-    if !is_root() {
-        eprintln!("skipped: starting containerd needs root");
+    if !prerequisite::is_root() {
+        prerequisite::unmet(TEST, "starting containerd needs root: run the tests as root");
         return;
     }
     let node = Node::new();
