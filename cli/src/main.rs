@@ -150,6 +150,10 @@ struct DoctorArgs {
         default_value = "/etc/cdi,/var/run/cdi"
     )]
     cdi_dirs: Vec<PathBuf>,
+    /// The host dir the NVIDIA toolkit's legacy hook binds into containers (tests point it
+    /// elsewhere).
+    #[arg(long, hide = true, default_value = doctor::HOST_MPS_DIR)]
+    host_mps_dir: PathBuf,
     /// The checks as JSON: {"ok": bool, "checks": [{"check", "status", "found", "fix"}]}.
     #[arg(long)]
     json: bool,
@@ -165,6 +169,7 @@ fn doctor(args: &Args, d: &DoctorArgs) -> anyhow::Result<ExitCode> {
         shim: d.shim.clone(),
         containerd: d.containerd.clone(),
         cdi_dirs: d.cdi_dirs.clone(),
+        host_mps_dir: d.host_mps_dir.clone(),
     });
     let report = doctor::diagnose(&facts);
     if d.json {

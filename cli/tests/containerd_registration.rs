@@ -17,6 +17,8 @@ use std::time::{Duration, Instant};
 use gpu_mps_cli::containerd_registration::{self as reg, InstallOptions, Placement, RUNC_SHIM, SHIM_PATH};
 use toml_edit::{DocumentMut, Item, Value};
 
+mod prerequisite;
+
 /// Debian suite and the major version of its containerd: 1.6 in bookworm, 1.7 in trixie, 2.x in sid
 /// (2.1.9 when this was written; sid moves).
 const SUITES: [(&str, u32); 3] = [("bookworm", 1), ("trixie", 1), ("sid", 2)];
@@ -374,23 +376,15 @@ fn how_each_containerd_merges_an_imported_drop_in() {
     }
 }
 
-fn is_root() -> bool {
-    fs::read_to_string("/proc/self/status")
-        .ok()
-        .and_then(|s| {
-            s.lines()
-                .find(|l| l.starts_with("Uid:"))
-                .map(|l| l.split_whitespace().nth(2) == Some("0"))
-        })
-        .unwrap_or(false)
-}
-
 /// Starts each containerd on the registered config (private root, state and socket) and checks
 /// that its CRI plugin loads: `config dump` does not run the CRI plugin's own validation.
 #[test]
 fn cri_plugin_loads_with_the_runtime_registered() {
-    if !is_root() {
-        eprintln!("SKIPPED cri_plugin_loads_with_the_runtime_registered: starting containerd needs root");
+    if !prerequisite::is_root() {
+        prerequisite::unmet(
+            "cri_plugin_loads_with_the_runtime_registered",
+            "starting containerd needs root: run the tests as root",
+        );
         return;
     }
     for (suite, major) in SUITES {

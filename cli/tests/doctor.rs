@@ -7,10 +7,13 @@ use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 
-const CHECKS: [&str; 9] = [
+mod prerequisite;
+
+const CHECKS: [&str; 10] = [
     "node-config",
     "containerd",
     "runc",
+    "host-mps-dir",
     "cdi",
     "compute-mode",
     "nvml",
@@ -110,7 +113,7 @@ fn line_of(text: &str, check: &str) -> String {
         assert!(STATUSES.contains(&status), "{line}");
         assert_eq!(words.next(), Some(name), "{text}");
     }
-    assert!(lines[CHECKS.len()].starts_with("9 checks: "), "{text}");
+    assert!(lines[CHECKS.len()].starts_with("10 checks: "), "{text}");
     let at = CHECKS.iter().position(|c| *c == check).expect("a check name");
     lines[at].to_string()
 }
@@ -177,7 +180,7 @@ fn doctor_json_lists_every_check() {
     let checks = json["checks"].as_array().expect("checks");
     let names: Vec<&str> = checks.iter().filter_map(|c| c["check"].as_str()).collect();
     assert_eq!(names, CHECKS);
-    let manager = &checks[6];
+    let manager = &checks[CHECKS.iter().position(|c| *c == "manager").expect("manager")];
     assert_eq!(manager["status"], "FAIL");
     assert!(
         manager["fix"]
@@ -218,25 +221,30 @@ fn cache_dir() -> PathBuf {
     }
 }
 
-/// Debian bookworm's containerd (1.6) from tests/support/fetch-containerd.sh's cache, if fetched.
-fn bookworm() -> Option<(PathBuf, PathBuf)> {
+/// Debian bookworm's containerd (1.6) from tests/support/fetch-containerd.sh's cache; not fetched,
+/// test `test` fails (or is skipped, see [`prerequisite::unmet`]).
+fn bookworm(test: &str) -> Option<(PathBuf, PathBuf)> {
     let root = cache_dir().join("containerd/bookworm");
     let binary = root.join("usr/bin/containerd");
     if binary.is_file() {
-        Some((root, binary))
-    } else {
-        eprintln!(
-            "skipped: {} is missing (tests/support/fetch-containerd.sh fetches it into {})",
+        return Some((root, binary));
+    }
+    prerequisite::unmet(
+        test,
+        &format!(
+            "{} is missing: run tests/support/fetch-containerd.sh (it fetches containerd into {})",
             binary.display(),
             cache_dir().display()
-        );
-        None
-    }
+        ),
+    );
+    None
 }
 
 #[test]
 fn the_registration_check_fails_before_install_containerd_and_passes_after() {
-    let Some((suite, containerd)) = bookworm() else {
+    let Some((suite, containerd)) =
+        bookworm("the_registration_check_fails_before_install_containerd_and_passes_after")
+    else {
         return;
     };
     let node = Node::new();
@@ -299,18 +307,14 @@ impl Drop for RunningContainerd {
     }
 }
 
-fn is_root() -> bool {
-    use std::os::unix::fs::MetadataExt;
-    fs::metadata("/proc/self").is_ok_and(|m| m.uid() == 0)
-}
-
 #[test]
 fn a_containerd_that_started_before_the_registration_needs_a_restart() {
-    let Some((suite, containerd)) = bookworm() else {
+    const TEST: &str = "a_containerd_that_started_before_the_registration_needs_a_restart";
+    let Some((suite, containerd)) = bookworm(TEST) else {
         return;
     };
-    if !is_root() {
-        eprintln!("skipped: starting containerd needs root");
+    if !prerequisite::is_root() {
+        prerequisite::unmet(TEST, "starting containerd needs root: run the tests as root");
         return;
     }
     let node = Node::new();

@@ -1,13 +1,18 @@
 //! gpu-mps-hook: the OCI hook gpu-mps-shim installs in GPU containers.
 //!
-//! createRuntime: lease the container's MPS daemon from gpu-mps-manager (the manager starts it
-//! on demand and sets the pod's limits on its server). A refusal fails the container create
-//! with ONE line on stderr, which runc passes up to containerd and the CRI caller.
+//! createRuntime: check that the container's /tmp/nvidia-mps is its gate (no prestart hook
+//! mounted over it, see gate_mount), then lease the container's MPS daemon from
+//! gpu-mps-manager (the manager starts it on demand and sets the pod's limits on its server). A
+//! refusal fails the container create with ONE line on stderr, which runc passes up to
+//! containerd and the CRI caller.
 //! poststop: release the lease. Never fails: a delete must go through, and the manager drops
 //! leases of dead containers on its own. A container whose gate was never opened (its create
 //! failed before the manager leased it, e.g. with the manager down) holds no lease: its empty
 //! gate dir is removed and the manager is not asked, so a down manager costs a create one hook
 //! timeout, not two.
+
+mod gate_mount;
+mod mountinfo;
 
 use std::io::Read;
 use std::path::{Path, PathBuf};
@@ -130,6 +135,8 @@ enum HookError {
     )]
     NoPid(String),
     #[error("{0}")]
+    GateMount(#[from] gate_mount::GateMountError),
+    #[error("{0}")]
     Manager(#[from] ClientError),
 }
 
@@ -191,6 +198,8 @@ fn run(args: Args) -> Result<(), HookError> {
             if state.pid == 0 {
                 return Err(HookError::NoPid(state.id));
             }
+            // Before the lease: a container refused here never held a daemon.
+            gate_mount::verify(&state.id, Path::new(&state.bundle), state.pid)?;
             let mut req = proto::AcquireRequest::new();
             req.container_id = state.id;
             req.pid = state.pid;

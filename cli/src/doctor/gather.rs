@@ -18,8 +18,8 @@ use gpu_mps_api::proto;
 
 use super::{
     CdiFacts, CdiSpec, ConfigFacts, ConfigState, ContainerdFacts, DescriptorFacts, DoctorError, Facts,
-    FileState, GpuFacts, GpuSeen, GpuSource, ManagerAnswer, ManagerFacts, MpsFacts, NvmlProbe,
-    ProcessDescriptors, RegistrationFacts, RuncFacts, RunningContainerd, containerd_config_arg,
+    FileState, GpuFacts, GpuSeen, GpuSource, HostMpsDirFacts, ManagerAnswer, ManagerFacts, MpsFacts,
+    NvmlProbe, ProcessDescriptors, RegistrationFacts, RuncFacts, RunningContainerd, containerd_config_arg,
     parse_boot_time, parse_cdi_spec, parse_nvidia_smi, parse_open_files_limit, parse_start_ticks,
 };
 use crate::containerd_registration::{self as reg, InstallOptions};
@@ -36,6 +36,8 @@ pub struct DoctorOptions {
     /// The containerd binary; default: found on PATH.
     pub containerd: Option<PathBuf>,
     pub cdi_dirs: Vec<PathBuf>,
+    /// The host dir the chained toolkit's legacy hook binds into containers.
+    pub host_mps_dir: PathBuf,
 }
 
 /// The directories a node's binaries live in besides PATH (systemd gives services these).
@@ -76,6 +78,7 @@ pub fn gather(o: &DoctorOptions) -> Facts {
     Facts {
         registration,
         runc,
+        host_mps_dir: gather_host_mps_dir(&o.host_mps_dir),
         cdi: gather_cdi(&o.cdi_dirs),
         gpus,
         nvml: probe_nvml(),
@@ -243,6 +246,25 @@ fn gather_runc(node: &NodeConfig, dump: Option<&str>) -> RuncFacts {
         runc_elsewhere,
         nvidia_runtimes: dump.map(reg::toolkit_runtimes).unwrap_or_default(),
         toolkit_binary,
+    }
+}
+
+/// What is at `path`, without following a symlink (the toolkit's mount would follow it).
+fn gather_host_mps_dir(path: &Path) -> HostMpsDirFacts {
+    let found = match fs::symlink_metadata(path) {
+        Ok(m) if m.is_dir() => Ok(Some("a directory")),
+        Ok(m) if m.file_type().is_symlink() => Ok(Some("a symlink")),
+        Ok(_) => Ok(Some("not a directory")),
+        Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(None),
+        Err(source) => Err(DoctorError::Io {
+            path: path.to_path_buf(),
+            action: "looking at it",
+            source,
+        }),
+    };
+    HostMpsDirFacts {
+        path: path.to_path_buf(),
+        found,
     }
 }
 

@@ -12,6 +12,7 @@ mod cdi;
 mod compute_mode;
 mod descriptors;
 mod gather;
+mod host_mps_dir;
 mod manager;
 mod mps_binaries;
 mod node_config;
@@ -36,6 +37,7 @@ pub use cdi::{CdiFacts, CdiSpec, GPU_CDI_KIND, parse_cdi_spec};
 pub use compute_mode::{GpuFacts, GpuSeen, GpuSource, parse_nvidia_smi};
 pub use descriptors::{DescriptorFacts, ProcessDescriptors, parse_open_files_limit};
 pub use gather::{DoctorOptions, file_state, gather};
+pub use host_mps_dir::{HOST_MPS_DIR, HostMpsDirFacts};
 pub use manager::{ManagerAnswer, ManagerFacts};
 pub use mps_binaries::MpsFacts;
 pub use node_config::{ConfigFacts, ConfigState};
@@ -166,6 +168,7 @@ pub struct Facts {
     pub config: ConfigFacts,
     pub registration: RegistrationFacts,
     pub runc: RuncFacts,
+    pub host_mps_dir: HostMpsDirFacts,
     pub cdi: CdiFacts,
     pub gpus: GpuFacts,
     pub nvml: NvmlProbe,
@@ -182,6 +185,7 @@ pub fn diagnose(facts: &Facts) -> Report {
             node_config::check(config),
             registration::check(&facts.registration),
             runc::check(&facts.runc, &config.path),
+            host_mps_dir::check(&facts.host_mps_dir, &facts.runc.runc_path),
             cdi::check(&facts.cdi, &facts.gpus),
             compute_mode::check(&facts.gpus, config.config.exclusive_process, &config.path),
             nvml::check(&facts.nvml),

@@ -10,6 +10,14 @@
 //! rewrote (the MPS gate mount and env are in what it was given), and for the other containers
 //! (a container without a GPU, the pause container) too. Uninstall puts runc_path back.
 //!
+//! The toolkit in legacy mode adds a prestart hook that binds the host's /tmp/nvidia-mps, where
+//! it exists, at the same path in the container, over the gate. The stand-in can do the same
+//! (its `cover`): it adds a prestart hook that binds a host dir over the container's
+//! /tmp/nvidia-mps from the container's mount namespace, as nvidia-container-cli does. runc
+//! runs every prestart hook before the createRuntime hooks, after its own mounts (checked on
+//! runc 1.1.5, docs/adr/0011), so gpu-mps-hook sees the cover and must refuse the create with
+//! one line, before any lease.
+//!
 //! Run: `cargo test -p gpu-mps-e2e --test cri_toolkit_chain -- --nocapture` (needs the
 //! workspace and the static checker built, see gpu_mps_e2e::binaries).
 
@@ -25,7 +33,10 @@ use gpu_mps_e2e::image::TEST_IMAGE;
 use gpu_mps_e2e::workdir::WorkDir;
 use gpu_mps_e2e::{ContainerSpec, GpuNode, LimitsConfig, PodSpec, Suite, per_suite};
 
-per_suite!(install_chains_the_default_toolkit_runtime_and_every_container_goes_through_it);
+per_suite!(
+    install_chains_the_default_toolkit_runtime_and_every_container_goes_through_it,
+    a_prestart_hook_that_mounts_over_the_gate_fails_the_create
+);
 
 const WAIT: Duration = Duration::from_secs(20);
 const TOOLKIT_BINARY: &str = "nvidia-container-runtime";
@@ -37,8 +48,28 @@ struct StandIn {
 }
 
 impl StandIn {
-    fn install(dir: &Path, runc: &Path) -> Result<StandIn> {
+    /// `cover`: a host dir the stand-in binds over /tmp/nvidia-mps of every container whose
+    /// spec mounts something there, from a prestart hook it adds to the spec.
+    fn install(dir: &Path, runc: &Path, cover: Option<&Path>) -> Result<StandIn> {
         let binary = dir.join(TOOLKIT_BINARY);
+        let add_cover = match cover {
+            Some(cover) => {
+                let hook = dir.join("cover-hook");
+                std::fs::write(&hook, cover_hook(cover))?;
+                std::fs::set_permissions(&hook, std::os::unix::fs::PermissionsExt::from_mode(0o755))?;
+                // gpu-mps-shim writes the spec pretty-printed, its `"hooks": {` on a line of its
+                // own; the stand-in fails the create if the hook did not go in.
+                format!(
+                    "if [ \"$sub\" = create ] && grep -q '\"{pipe}\"' \"$bundle/config.json\"; then\n\
+                       sed -i 's|\"hooks\": {{|\"hooks\": {{ \"prestart\": [{{ \"path\": \"{hook}\" }}],|' \"$bundle/config.json\"\n\
+                       grep -q '{hook}' \"$bundle/config.json\" || {{ echo 'stand-in: no prestart hook added' >&2; exit 1; }}\n\
+                     fi\n",
+                    pipe = CONTAINER_PIPE_DIR,
+                    hook = hook.display()
+                )
+            }
+            None => String::new(),
+        };
         // The bundle from every form runc takes (`--bundle X`, `--bundle=X`, `-b X`, none: the
         // working directory); the container id is the last argument.
         let text = format!(
@@ -52,6 +83,7 @@ impl StandIn {
                prev=$a; last=$a\n\
              done\n\
              if [ \"$sub\" = create ]; then cp \"$bundle/config.json\" \"$rec/spec-$last.json\"; fi\n\
+             {add_cover}\
              exec '{runc}' \"$@\"\n",
             d = dir.display(),
             runc = runc.display()
@@ -113,10 +145,11 @@ fn toolkit_default_config(version: u32, toolkit: &Path) -> String {
     )
 }
 
-fn gpu_mps(cli: &Path, node_config: &Path, args: &[&str]) -> Result<String> {
+fn gpu_mps(cli: &Path, node_config: &Path, subcommand: &str, args: &[String]) -> Result<String> {
     let out = Command::new(cli)
         .arg("--config")
         .arg(node_config)
+        .arg(subcommand)
         .args(args)
         .output()
         .with_context(|| format!("running {}", cli.display()))?;
@@ -125,8 +158,12 @@ fn gpu_mps(cli: &Path, node_config: &Path, args: &[&str]) -> Result<String> {
         String::from_utf8_lossy(&out.stdout),
         String::from_utf8_lossy(&out.stderr)
     );
-    ensure!(out.status.success(), "gpu-mps {args:?}: {}: {text}", out.status);
-    println!("gpu-mps {}:\n{text}", args[0]);
+    ensure!(
+        out.status.success(),
+        "gpu-mps {subcommand} {args:?}: {}: {text}",
+        out.status
+    );
+    println!("gpu-mps {subcommand}:\n{text}");
     Ok(text)
 }
 
@@ -143,54 +180,110 @@ fn has_gate_mount(spec: &serde_json::Value) -> bool {
         .is_some_and(|m| m.iter().any(|m| m["destination"] == CONTAINER_PIPE_DIR))
 }
 
+/// The prestart hook of the stand-in's cover: binds `cover` over the container's /tmp/nvidia-mps
+/// from the container's mount namespace, at the path under the rootfs (runc has not pivoted yet),
+/// as nvidia-container-cli mounts. The pid and bundle come from the OCI state on stdin.
+fn cover_hook(cover: &Path) -> String {
+    format!(
+        "#!/bin/sh\n\
+         state=$(cat)\n\
+         pid=$(printf '%s' \"$state\" | sed -n 's/.*\"pid\": *\\([0-9][0-9]*\\).*/\\1/p')\n\
+         bundle=$(printf '%s' \"$state\" | sed -n 's/.*\"bundle\": *\"\\([^\"]*\\)\".*/\\1/p')\n\
+         exec nsenter --mount=/proc/$pid/ns/mnt mount --bind '{}' \"$bundle/rootfs{CONTAINER_PIPE_DIR}\"\n",
+        cover.display()
+    )
+}
+
+/// A node whose node config was chained to the stand-in by `gpu-mps install-containerd`, its
+/// manager restarted on it.
+struct Chained {
+    node: GpuNode,
+    _scratch: WorkDir,
+    stand_in: StandIn,
+    node_config: PathBuf,
+    /// The node config before install.
+    original: String,
+    /// install-containerd's and uninstall-containerd's arguments after the subcommand.
+    registration: Vec<String>,
+}
+
+impl Chained {
+    async fn install(suite: &Suite, cover: Option<&Path>) -> Result<Chained> {
+        let mut node = GpuNode::start(suite, LimitsConfig::uniform()).await?;
+        let scratch = WorkDir::new("gme2e-toolkit.")?;
+        let stand_in = StandIn::install(scratch.path(), &suite.runc, cover)?;
+
+        // The node config as a package installs it: runc_path not set.
+        let node_config = node.manager.config_path().to_path_buf();
+        let original: String = std::fs::read_to_string(&node_config)?
+            .lines()
+            .filter(|l| !l.starts_with("runc_path"))
+            .map(|l| format!("{l}\n"))
+            .collect();
+        std::fs::write(&node_config, &original)?;
+
+        let containerd_config = scratch.join("containerd.toml");
+        std::fs::write(
+            &containerd_config,
+            toolkit_default_config(suite.config_version(), &stand_in.binary),
+        )?;
+        let utf8 = |p: &Path| p.to_str().map(str::to_owned).context("utf-8 path");
+        let registration = vec![
+            "--containerd-config".to_string(),
+            utf8(&containerd_config)?,
+            "--containerd".to_string(),
+            utf8(&suite.containerd)?,
+            "--shim".to_string(),
+            utf8(&node.bins.shim)?,
+        ];
+        let out = gpu_mps(&node.bins.cli, &node_config, "install-containerd", &registration)?;
+        ensure!(
+            out.contains("chained to the NVIDIA Container Toolkit")
+                && out.contains("restart gpu-mps-manager"),
+            "install did not say it chained and that the manager needs a restart: {out}"
+        );
+        ensure!(!out.contains("warning"), "install warned: {out}");
+        let chained = NodeConfig::load(&node_config)?;
+        ensure!(
+            chained.runc_path == stand_in.binary,
+            "runc_path = {} after install, expected the toolkit's runtime {}",
+            chained.runc_path.display(),
+            stand_in.binary.display()
+        );
+        node.manager.set_config(chained);
+        node.manager.restart().await?;
+        Ok(Chained {
+            node,
+            _scratch: scratch,
+            stand_in,
+            node_config,
+            original,
+            registration,
+        })
+    }
+
+    fn uninstall(&self) -> Result<()> {
+        gpu_mps(
+            &self.node.bins.cli,
+            &self.node_config,
+            "uninstall-containerd",
+            &self.registration,
+        )?;
+        let back = std::fs::read_to_string(&self.node_config)?;
+        ensure!(
+            back == self.original,
+            "uninstall did not put the node config back:\n{back}\nexpected:\n{}",
+            self.original
+        );
+        Ok(())
+    }
+}
+
 async fn install_chains_the_default_toolkit_runtime_and_every_container_goes_through_it(
     suite: Suite,
 ) -> Result<()> {
-    let mut node = GpuNode::start(&suite, LimitsConfig::uniform()).await?;
-    let scratch = WorkDir::new("gme2e-toolkit.")?;
-    let stand_in = StandIn::install(scratch.path(), &suite.runc)?;
-
-    // The node config as a package installs it: runc_path not set.
-    let node_config = node.manager.config_path().to_path_buf();
-    let original: String = std::fs::read_to_string(&node_config)?
-        .lines()
-        .filter(|l| !l.starts_with("runc_path"))
-        .map(|l| format!("{l}\n"))
-        .collect();
-    std::fs::write(&node_config, &original)?;
-
-    let containerd_config = scratch.join("containerd.toml");
-    std::fs::write(
-        &containerd_config,
-        toolkit_default_config(suite.config_version(), &stand_in.binary),
-    )?;
-    let registration = [
-        "--containerd-config",
-        containerd_config.to_str().context("utf-8 path")?,
-        "--containerd",
-        suite.containerd.to_str().context("utf-8 path")?,
-        "--shim",
-        node.bins.shim.to_str().context("utf-8 path")?,
-    ];
-    let out = gpu_mps(
-        &node.bins.cli,
-        &node_config,
-        &[&["install-containerd"], &registration[..]].concat(),
-    )?;
-    ensure!(
-        out.contains("chained to the NVIDIA Container Toolkit") && out.contains("restart gpu-mps-manager"),
-        "install did not say it chained and that the manager needs a restart: {out}"
-    );
-    ensure!(!out.contains("warning"), "install warned: {out}");
-    let chained = NodeConfig::load(&node_config)?;
-    ensure!(
-        chained.runc_path == stand_in.binary,
-        "runc_path = {} after install, expected the toolkit's runtime {}",
-        chained.runc_path.display(),
-        stand_in.binary.display()
-    );
-    node.manager.set_config(chained);
-    node.manager.restart().await?;
+    let chained = Chained::install(&suite, None).await?;
+    let (node, stand_in) = (&chained.node, &chained.stand_in);
 
     let mut cri = node.cri().await?;
     let gpu = node.gpu_uuid(0).to_string();
@@ -256,15 +349,67 @@ async fn install_chains_the_default_toolkit_runtime_and_every_container_goes_thr
         }
     }
 
-    gpu_mps(
-        &node.bins.cli,
-        &node_config,
-        &[&["uninstall-containerd"], &registration[..]].concat(),
-    )?;
-    let back = std::fs::read_to_string(&node_config)?;
+    chained.uninstall()
+}
+
+async fn a_prestart_hook_that_mounts_over_the_gate_fails_the_create(suite: Suite) -> Result<()> {
+    let host = WorkDir::new("gme2e-host-mps.")?;
+    let chained = Chained::install(&suite, Some(host.path())).await?;
+    let node = &chained.node;
+    let mut cri = node.cri().await?;
+    let gpu = node.gpu_uuid(0).to_string();
+    let pod = cri
+        .run_pod_sandbox(&PodSpec::new("covered", "default", GPU_MPS_HANDLER).gpu_limits("2Gi", 25))
+        .await?;
+    let covered = cri
+        .create_container(
+            &pod,
+            &ContainerSpec::new("covered", TEST_IMAGE)
+                .command(&["/checker"])
+                .args(&["mps-client", "--hold-seconds=300"])
+                .gpu(&gpu),
+        )
+        .await?;
+    let refused = match cri.start_container(&covered).await {
+        Ok(()) => {
+            let seen = cri.first_stdout_line(&covered, WAIT).await.unwrap_or_default();
+            bail!(
+                "a GPU container whose {CONTAINER_PIPE_DIR} a prestart hook covered with {} started; it saw: {seen}",
+                host.path().display()
+            )
+        }
+        Err(status) => status.message().to_string(),
+    };
+    let (call, spec) = chained.stand_in.create_of(&covered.id)?;
     ensure!(
-        back == original,
-        "uninstall did not put the node config back:\n{back}\nexpected:\n{original}"
+        has_gate_mount(&spec),
+        "the stand-in's create was not of the rewritten spec: {call}"
     );
-    Ok(())
+    let line = refused
+        .lines()
+        .find(|l| l.contains("is not its MPS gate"))
+        .with_context(|| format!("no line of the refusal says the gate is covered: {refused}"))?;
+    // The cover named by its dir inside its filesystem (a tail of the host path).
+    let cover_name = host
+        .path()
+        .file_name()
+        .context("scratch dir name")?
+        .to_string_lossy();
+    ensure!(
+        line.contains("a mount made after runc's covers it")
+            && line.contains(&format!("/{cover_name} on "))
+            && line.contains(&format!("rootfs{CONTAINER_PIPE_DIR})"))
+            && line.contains("remove that dir from the host or run the toolkit in CDI mode"),
+        "the refusal does not say what covers the gate and what to do: {line}"
+    );
+    println!("{}: refused: {line}", suite.containerd_version);
+    let status = node.manager.status().await?;
+    ensure!(
+        status.leases.is_empty(),
+        "the refused container holds a lease: {:?}",
+        status.leases
+    );
+    cri.delete_container(&covered).await?;
+    cri.delete_pod(&pod).await?;
+    chained.uninstall()
 }
