@@ -830,11 +830,19 @@ const LINGER_WAIT: Duration = Duration::from_secs(3);
 const LINGER_POLL: Duration = Duration::from_millis(100);
 
 /// Counts `process` against the container's budget. A process the gate knows already needs no
-/// look at the server; a new one is decided on what the server lists now, asked again while
-/// only exited processes the server still lists stand in its way.
+/// look at the server, nor does any before the gate issued its first channel (the server holds
+/// no client of the container then: the first CUDA call pays nothing); a new one is decided on
+/// what the server lists now, asked again while only exited processes the server still lists
+/// stand in its way.
 async fn decide(serving: &Serving, process: ProcessIdentity) -> Decision {
-    if lock(&serving.state.budget).knows(process) {
-        return lock(&serving.state.budget).decide(process, ProcessIdentity::is_alive, None);
+    {
+        let mut budget = lock(&serving.state.budget);
+        if budget.knows(process) {
+            return budget.decide(process, ProcessIdentity::is_alive, None);
+        }
+        if !budget.needs_server_view() {
+            return budget.decide(process, ProcessIdentity::is_alive, Some(ServerClients::default()));
+        }
     }
     let deadline = Instant::now() + LINGER_WAIT;
     loop {

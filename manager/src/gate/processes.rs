@@ -63,6 +63,9 @@ pub struct ProcessBudget {
     /// The server's clients at the last look, so that a view between two decisions does not
     /// drop a process whose channel another process now holds.
     server: ServerClients,
+    /// A channel was issued through this gate, or a process of the container was found on the
+    /// server: only then can the server hold a client of the container that nobody here counts.
+    issued: bool,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -81,6 +84,7 @@ impl ProcessBudget {
             limit: limit.max(1),
             counted: Vec::new(),
             server: ServerClients::default(),
+            issued: false,
         }
     }
 
@@ -91,6 +95,13 @@ impl ProcessBudget {
     /// True if `who` is counted already: its next channel needs no look at the server.
     pub fn knows(&self, who: ProcessIdentity) -> bool {
         self.counted.iter().any(|c| c.who == who)
+    }
+
+    /// True when deciding for a new process needs a look at the server: some channel was
+    /// issued since the gate opened (or the container had processes on the server then). The
+    /// first process of a container pays nothing for it.
+    pub fn needs_server_view(&self) -> bool {
+        self.issued
     }
 
     /// Decides for `who`, given what the server lists now (`server`; `None`: as at the last
@@ -154,6 +165,7 @@ impl ProcessBudget {
     /// A request let through by [`ProcessBudget::decide`] got a channel: the process counts
     /// until it exits (also if its entry went meanwhile: it holds a channel now).
     pub fn confirm(&mut self, who: ProcessIdentity) {
+        self.issued = true;
         match self.counted.iter_mut().find(|c| c.who == who) {
             Some(c) => {
                 c.confirmed = true;
@@ -172,6 +184,7 @@ impl ProcessBudget {
     /// A process that was on the server before this gate opened (a restarted manager found it
     /// among the server's clients): it counts, as if it had got its two channels here.
     pub fn seed(&mut self, who: ProcessIdentity) {
+        self.issued = true;
         if !self.counted.iter().any(|c| c.who == who) {
             self.counted.push(Counted {
                 who,
@@ -468,5 +481,22 @@ mod tests {
         // Process 2's second channel: no new look at the server, and 1 still holds its place.
         assert_eq!(b.decide(p(2), alive, None), Decision::Known);
         assert!(matches!(b.decide(p(3), alive, None), Decision::OverBudget { .. }));
+    }
+
+    #[test]
+    fn only_a_gate_that_issued_a_channel_needs_the_server_view() {
+        let mut b = ProcessBudget::new(1);
+        let all = |_: &ProcessIdentity| true;
+        assert!(
+            !b.needs_server_view(),
+            "nothing issued: the server holds none of ours"
+        );
+        assert_eq!(b.decide(p(1), all, none()), Decision::Reserved);
+        assert!(!b.needs_server_view(), "reserved is not issued");
+        b.confirm(p(1));
+        assert!(b.needs_server_view());
+        let mut b = ProcessBudget::new(1);
+        b.seed(p(2));
+        assert!(b.needs_server_view(), "found on the server after a restart");
     }
 }
