@@ -173,7 +173,8 @@ pub struct DeviceName {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct DeviceRequest {
     /// Trusted sources first; then the env's names, which count only when no trusted source
-    /// names a GPU (otherwise their origin says they are ignored).
+    /// names a GPU (otherwise their origin says they are ignored), and then only as
+    /// [`judge_env`] lets them.
     pub devices: Vec<DeviceName>,
 }
 
