@@ -54,7 +54,8 @@ EOF
 
 # write_node_config <file> <root> <hook> <runc> <control binary> <policy> <idle grace s>
 #                   [<ceiling memory> <ceiling threads>]
-# A gpu-mps node config with default limits 4Gi / 25 % and EXCLUSIVE_PROCESS off.
+# A gpu-mps node config with default limits 4Gi / 25 %, EXCLUSIVE_PROCESS off, and GPUs taken from
+# the env (ctr --env NVIDIA_VISIBLE_DEVICES=<gpu>).
 write_node_config() {
     local file=$1 root=$2 hook=$3 runc=$4 control=$5 policy=$6 grace=$7 ceil_mem=${8:-} ceil_thr=${9:-}
     {
@@ -72,6 +73,9 @@ write_node_config() {
         echo "# Never change the compute mode of a shared or borrowed GPU (a real node sets it: true)."
         echo "exclusive_process = false"
         echo "idle_grace_seconds = $grace"
+        echo "# ctr hands the GPU over as NVIDIA_VISIBLE_DEVICES, as the device plugin's envvar strategy does."
+        echo "[gpus]"
+        echo "trust_visible_devices_env = true"
     } >"$file"
 }
 

@@ -133,9 +133,10 @@ if [ "${1:-}" = "--in-namespace" ]; then
 
     image=$(in_root ctr images import /mnt/image.tar 2>&1 | awk '/^unpacking/ { print $2 }')
     [ -n "$image" ] || image=docker.io/gpu-mps/test:e2e
+    # The shipped config takes no GPU from a container's env: the GPU is named as a CDI device.
     say "running a container of $image through $shim"
     in_root ctr run --rm --runtime io.containerd.runc.v2 --runc-binary "$shim" \
-        --env "NVIDIA_VISIBLE_DEVICES=$gpu" --annotation gpu-mps.io/memory-limit=2Gi \
+        --annotation "cdi.k8s.io/deb-test=nvidia.com/gpu=$gpu" --annotation gpu-mps.io/memory-limit=2Gi \
         --annotation gpu-mps.io/active-thread-percentage=30 "$image" deb-test \
         /checker mps-client --hold-seconds 4 >"$F/container.out" 2>&1 &
     run=$!

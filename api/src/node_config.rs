@@ -125,6 +125,15 @@ struct RawConfig {
     device_plugin: RawDevicePlugin,
     #[serde(default)]
     metrics: RawMetrics,
+    #[serde(default)]
+    gpus: RawGpus,
+}
+
+/// `[gpus]`: where a container's GPUs may come from.
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawGpus {
+    trust_visible_devices_env: Option<bool>,
 }
 
 #[derive(Debug, Clone, Default, Deserialize)]
@@ -246,6 +255,13 @@ pub struct NodeConfig {
     /// that a config without it keeps the digest it had before the key existed.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub metrics_listen: Option<SocketAddr>,
+    /// `[gpus] trust_visible_devices_env`: a container's own `NVIDIA_VISIBLE_DEVICES` names its
+    /// GPUs where nothing written for the pod (device nodes, CDI, the volume-mounts list) does.
+    /// Off by default: the env is the pod's to write, so it is a GPU source only where the
+    /// operator says the NVIDIA device plugin's `envvar` strategy hands GPUs over. Left out of
+    /// the published config when off, so that a config without it keeps its digest.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub trust_visible_devices_env: bool,
 }
 
 /// `[device_plugin]`: how gpu-mps-device-plugin turns GPU memory into `gpu-mps.io/memory` units.
@@ -326,6 +342,7 @@ impl Default for NodeConfig {
             gate_max_connections: 4096,
             device_plugin: DevicePluginConfig::default(),
             metrics_listen: None,
+            trust_visible_devices_env: false,
         }
     }
 }
@@ -589,6 +606,10 @@ impl NodeConfig {
         Ok(NodeConfig {
             device_plugin,
             metrics_listen,
+            trust_visible_devices_env: raw
+                .gpus
+                .trust_visible_devices_env
+                .unwrap_or(d.trust_visible_devices_env),
             root,
             hook_path: raw.hook_path.unwrap_or(d.hook_path),
             runc_path: raw.runc_path.unwrap_or(d.runc_path),
@@ -1168,6 +1189,37 @@ mod tests {
         assert_ne!(with.digest(), c.digest());
         let back: NodeConfig = serde_json::from_str(&serde_json::to_string(&with).unwrap()).unwrap();
         assert_eq!(back, with);
+    }
+
+    #[test]
+    fn the_env_is_no_gpu_source_unless_the_node_says_so() {
+        assert!(!parse("").unwrap().trust_visible_devices_env);
+        assert!(!NodeConfig::default().trust_visible_devices_env);
+        let on = parse("[gpus]\ntrust_visible_devices_env = true\n").unwrap();
+        assert!(on.trust_visible_devices_env);
+        assert!(
+            !parse("[gpus]\ntrust_visible_devices_env = false\n")
+                .unwrap()
+                .trust_visible_devices_env
+        );
+        // Off, the key is left out of the published JSON (the digest of a node that does not
+        // use it is unchanged); on, it is in it and changes the digest.
+        let off = NodeConfig::default();
+        assert!(
+            !serde_json::to_string(&off)
+                .unwrap()
+                .contains("trust_visible_devices_env")
+        );
+        assert_ne!(on.digest(), off.digest());
+        let back: NodeConfig = serde_json::from_str(&serde_json::to_string(&on).unwrap()).unwrap();
+        assert_eq!(back, on);
+        for text in [
+            "[gpus]\ntrust_visible_devices_env = \"yes\"\n",
+            "[gpus]\ntrust_env = true\n",
+        ] {
+            let e = parse(text).unwrap_err().to_string();
+            assert!(!e.contains('\n'), "{e}");
+        }
     }
 
     #[test]

@@ -70,7 +70,12 @@ mod tests {
     #[test]
     fn shows_only_the_shims_changes() {
         let spec = r#"{"ociVersion":"1.0.2","process":{"args":["sh"],"env":["PATH=/bin","NVIDIA_VISIBLE_DEVICES=0"],"cwd":"/"},"root":{"path":"rootfs"},"annotations":{"gpu-mps.io/memory-limit":"4Gi","gpu-mps.io/active-thread-percentage":"25"}}"#;
-        let out = explain_rewrite("b/config.json", spec, &NodeConfig::default(), &inventory(), "c1").unwrap();
+        // The spec names its GPU by NVIDIA_VISIBLE_DEVICES: a node that takes GPUs from the env.
+        let config = NodeConfig {
+            trust_visible_devices_env: true,
+            ..NodeConfig::default()
+        };
+        let out = explain_rewrite("b/config.json", spec, &config, &inventory(), "c1").unwrap();
         assert!(
             out.contains("+      \"CUDA_MPS_ACTIVE_THREAD_PERCENTAGE=25\""),
             "{out}"

@@ -83,6 +83,18 @@ pub fn check_plan(spec_text: &str, node: &Node, container_id: &str) {
         );
         return;
     };
+    if plan.daemon.is_none() {
+        // A container without a GPU whose NVIDIA_VISIBLE_DEVICES=all was set to void: no
+        // limits, no hook, and planned again it passes through as it is.
+        assert!(
+            plan.acquire.is_none() && plan.limits.is_none(),
+            "a container without a GPU got limits"
+        );
+        let again = gpu_mps_shim::plan_rewrite(&rewritten, &node.config, &node.inventory, container_id)
+            .unwrap_or_else(|e| panic!("the voided spec is refused: {e}"));
+        assert_eq!(again.rewritten, None, "a voided spec was rewritten again");
+        return;
+    }
     let input: serde_json::Value = serde_json::from_str(spec_text).expect("a planned spec is JSON");
     let output: serde_json::Value = serde_json::from_str(&rewritten).expect("the rewritten spec is JSON");
     let (Some(input), Some(output)) = (input.as_object(), output.as_object()) else {

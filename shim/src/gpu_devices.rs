@@ -9,9 +9,20 @@
 //!   containerd resolved before runc (CRI `CDIDevices` or annotations). The node's minor names
 //!   the GPU (through the inventory), whatever path the container sees it at; an entry without
 //!   numbers at `/dev/nvidia<N>` is minor N.
-//! - CDI annotations `cdi.k8s.io/<name>: nvidia.com/gpu=<index|uuid|all>[,...]`: kubelet sets
-//!   them for a device plugin's CDI devices; containerd passes only container annotations of
-//!   that prefix, which a pod cannot set (api::annotations::CONTAINER_ANNOTATION_PATTERNS).
+//! - CDI annotations `cdi.k8s.io/<name>: <vendor>/<class>=<name>[,...]`: kubelet sets them for a
+//!   device plugin's CDI devices; containerd passes only container annotations of that prefix,
+//!   which a pod cannot set (api::annotations::CONTAINER_ANNOTATION_PATTERNS). GPU kinds:
+//!   `nvidia.com/gpu` (what `nvidia-ctk cdi generate` names) and
+//!   `k8s.device-plugin.nvidia.com/gpu` (NVIDIA's device plugin, strategy `cdi-annotations`:
+//!   key `cdi.k8s.io/nvidia-device-plugin_<response uuid>`, value
+//!   `k8s.device-plugin.nvidia.com/gpu=<uuid or index>`), named by index, UUID or `all`.
+//!   NVIDIA's DRA driver (`k8s.gpu.nvidia.com/device=gpu-<n>`, `.../claim=<claim uid>-gpu-<n>`)
+//!   names no GPU gpu-mps can look up: it counts only as the device nodes containerd resolved it
+//!   into. Every other kind of an NVIDIA vendor (`nvidia.com` or `*.nvidia.com`, any case) is
+//!   refused, save the device plugin's companions that carry no GPU (gds, mofed, gdrcopy,
+//!   imex-channel): a kind gpu-mps does not know may carry a GPU that a runtime after the shim
+//!   (the chained toolkit in CDI mode) would hand the container outside MPS. Other vendors'
+//!   kinds are other devices.
 //! - nvidia-container-toolkit's volume-mounts device list (device plugin strategy
 //!   `volume-mounts`): mounts at `/var/run/nvidia-container-devices/<index|uuid|all>` (or
 //!   `.../cdi/nvidia.com/gpu/<name>`). As in the toolkit, only a mount whose source is
@@ -24,10 +35,13 @@
 //! The first three are written for the pod, never by it: trusted. The env is not. When a
 //! trusted source names a GPU, the container's GPUs are the union of the trusted sources and the
 //! env never widens them: a pod's `NVIDIA_VISIBLE_DEVICES=all` must not make it a daemon over
-//! every GPU (which would overlap, and block, every single-GPU daemon of the node). Only when no
-//! trusted source names a GPU does the env decide: the device plugin's envvar strategy, where
-//! nvidia-container-runtime after the shim injects the device nodes the env names, so the env is
-//! all there is.
+//! every GPU (which would overlap, and block, every single-GPU daemon of the node). When no
+//! trusted source names one, the node's `[gpus] trust_visible_devices_env` decides
+//! ([`judge_env`]): off (the default), the env names no GPU: a container that names some there is
+//! refused, and one whose env says `all` (every CUDA image's default) runs without a GPU, its env
+//! set to `void`; on (the device plugin's envvar strategy, where nvidia-container-runtime after
+//! the shim injects the device nodes the env names, so the env is all there is), the env's GPUs,
+//! but never `all`.
 
 use std::collections::HashMap;
 use std::fmt;
@@ -43,8 +57,24 @@ use thiserror::Error;
 use crate::spec_fields::DeviceNode;
 
 pub const VISIBLE_DEVICES_ENV: &str = "NVIDIA_VISIBLE_DEVICES";
-/// The CDI kind (`vendor/class`) of NVIDIA GPUs; other kinds are other devices.
+/// The CDI kind (`vendor/class`) of NVIDIA GPUs that `nvidia-ctk cdi generate` writes.
 pub const CDI_GPU_KIND: &str = "nvidia.com/gpu";
+/// The CDI kind of GPUs that NVIDIA's k8s-device-plugin writes in its own spec and names in its
+/// `cdi.k8s.io/nvidia-device-plugin_<id>` annotations (its vendor is fixed in its source).
+pub const DEVICE_PLUGIN_CDI_GPU_KIND: &str = "k8s.device-plugin.nvidia.com/gpu";
+/// Every CDI kind whose device names (index, UUID, `all`) are GPUs of the inventory.
+pub const CDI_GPU_KINDS: [&str; 2] = [CDI_GPU_KIND, DEVICE_PLUGIN_CDI_GPU_KIND];
+/// NVIDIA's DRA driver (driver gpu.nvidia.com): its devices carry GPUs, but their names
+/// (`gpu-<n>`, `<claim uid>-gpu-<n>`) are the driver's own.
+const DRA_CDI_VENDOR: &str = "k8s.gpu.nvidia.com";
+const DRA_CDI_CLASSES: [&str; 2] = ["device", "claim"];
+/// Vendors whose listed classes carry no GPU: NVIDIA's device plugin adds `gds=all` and
+/// `mofed=all` (GPUDirect Storage, Mellanox OFED) beside a GPU; gdrcopy and IMEX channels are
+/// device nodes of their own.
+const NON_GPU_CDI_VENDORS: [&str; 2] = ["nvidia.com", "k8s.device-plugin.nvidia.com"];
+const NON_GPU_CDI_CLASSES: [&str; 4] = ["gds", "mofed", "gdrcopy", "imex-channel"];
+/// The node-config key that makes the env a GPU source.
+pub const TRUST_ENV_KEY: &str = "[gpus] trust_visible_devices_env";
 /// The major number of the NVIDIA driver's device nodes (`/dev/nvidia<N>`, nvidiactl, modeset).
 pub const NVIDIA_MAJOR: i64 = 195;
 /// Minors of major 195 that are not GPUs: nvidia-modeset and nvidiactl.
@@ -143,7 +173,8 @@ pub struct DeviceName {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct DeviceRequest {
     /// Trusted sources first; then the env's names, which count only when no trusted source
-    /// names a GPU (otherwise their origin says they are ignored).
+    /// names a GPU (otherwise their origin says they are ignored), and then only as
+    /// [`judge_env`] lets them.
     pub devices: Vec<DeviceName>,
 }
 
@@ -165,8 +196,26 @@ pub struct SpecDevices<'a> {
 
 #[derive(Debug, Error, PartialEq, Eq)]
 pub enum DeviceError {
-    #[error("{origin}: device {entry:?} names no GPU: expected {CDI_GPU_KIND}=<index|uuid|all>")]
+    #[error(
+        "{origin}: device {entry:?} names no GPU: expected {CDI_GPU_KIND}=<index|uuid|all> or {DEVICE_PLUGIN_CDI_GPU_KIND}=<index|uuid|all>"
+    )]
     EmptyCdiName { origin: DeviceSource, entry: String },
+    #[error(
+        "{origin}: {entry:?} is an NVIDIA CDI kind gpu-mps does not know, which may carry a GPU outside MPS: refused (GPUs are {CDI_GPU_KIND}, {DEVICE_PLUGIN_CDI_GPU_KIND} and {DRA_CDI_VENDOR}/device|claim; known to carry none: gds, mofed, gdrcopy, imex-channel)"
+    )]
+    UnknownNvidiaKind { origin: DeviceSource, entry: String },
+    #[error(
+        "{origin}: {entry:?} is a device of NVIDIA's DRA driver, whose name is no GPU gpu-mps can look up, and linux.devices holds no GPU device node it was resolved into: let containerd resolve CDI devices (enable_cdi = true on 1.7, the default on 2.x)"
+    )]
+    UnresolvedDra { origin: DeviceSource, entry: String },
+    #[error(
+        "{VISIBLE_DEVICES_ENV}={value:?} names GPUs, but none was scheduled to this container (no GPU device node, CDI device or volume-mount device): the env is the pod's own and names GPUs only with {TRUST_ENV_KEY} = true in the gpu-mps node config (the NVIDIA device plugin's envvar strategy); ask for the GPU through the device plugin or DRA"
+    )]
+    EnvNotTrusted { value: String },
+    #[error(
+        "{VISIBLE_DEVICES_ENV}={value:?} with no GPU scheduled to this container: under {TRUST_ENV_KEY} the env names the GPUs the device plugin gave, one by one, never all of the node's (a CUDA image's default): ask for the GPU through the device plugin, or set {VISIBLE_DEVICES_ENV}=void on a container that needs none"
+    )]
+    EnvAll { value: String },
     #[error(
         "{origin}: {lookup} (gpu-mps-manager writes the inventory at start: restart it if the node's GPUs changed)"
     )]
@@ -193,7 +242,13 @@ pub enum DeviceError {
 /// What the spec asks for; `None` for a container without an NVIDIA GPU.
 pub fn requested(spec: SpecDevices<'_>) -> Result<Option<DeviceRequest>, DeviceError> {
     let mut devices: Vec<DeviceName> = spec.linux_devices.iter().filter_map(device_node).collect();
-    devices.extend(cdi_annotations(spec.annotations)?);
+    let cdi = cdi_annotations(spec.annotations)?;
+    // A DRA device counts as the GPU device nodes containerd resolved it into; without any, a
+    // runtime after the shim could still resolve it, to a GPU gpu-mps cannot name.
+    if let (true, Some((origin, entry))) = (devices.is_empty(), cdi.dra.into_iter().next()) {
+        return Err(DeviceError::UnresolvedDra { origin, entry });
+    }
+    devices.extend(cdi.gpus);
     devices.extend(spec.mounts.iter().filter_map(volume_mount));
 
     let trusted_kinds = {
@@ -216,6 +271,35 @@ pub fn requested(spec: SpecDevices<'_>) -> Result<Option<DeviceRequest>, DeviceE
         }));
     }
     Ok((!devices.is_empty()).then_some(DeviceRequest { devices }))
+}
+
+/// What the node's `[gpus] trust_visible_devices_env` makes of a request.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum EnvVerdict {
+    /// The request stands: trusted sources name its GPUs, or the node trusts the env.
+    Gpus,
+    /// Only the env names GPUs, it says `all` (every CUDA image's default) and the node does
+    /// not trust it: the container got no GPU, runs without MPS, and its env is set to `void`
+    /// so that no runtime after the shim hands it one.
+    NoGpu { value: String },
+}
+
+/// Judges a request that only the container's env may make: refused where the env names GPUs
+/// the node does not take from it, or names all of them.
+pub fn judge_env(request: &DeviceRequest, trust_env: bool) -> Result<EnvVerdict, DeviceError> {
+    if request.trusted() {
+        return Ok(EnvVerdict::Gpus);
+    }
+    let Some(DeviceSource::Env { value, .. }) = request.devices.first().map(|d| &d.origin) else {
+        return Ok(EnvVerdict::Gpus);
+    };
+    let all = request.devices.iter().any(|d| d.name == "all");
+    match (trust_env, all) {
+        (true, false) => Ok(EnvVerdict::Gpus),
+        (true, true) => Err(DeviceError::EnvAll { value: value.clone() }),
+        (false, true) => Ok(EnvVerdict::NoGpu { value: value.clone() }),
+        (false, false) => Err(DeviceError::EnvNotTrusted { value: value.clone() }),
+    }
 }
 
 /// Why a spec for which [`requested`] found no GPU passes through: what each source held.
@@ -307,44 +391,94 @@ fn device_node(node: &DeviceNode) -> Option<DeviceName> {
     })
 }
 
-/// GPUs of CDI annotations, sorted by key.
-fn cdi_annotations(annotations: &HashMap<String, String>) -> Result<Vec<DeviceName>, DeviceError> {
+/// What a CDI kind (`vendor/class`) is to gpu-mps.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum CdiKind {
+    /// Its names are GPUs of the inventory (index, UUID, `all`).
+    Gpu,
+    /// NVIDIA's DRA driver: carries a GPU, named in the driver's own terms.
+    Dra,
+    /// An NVIDIA kind known to carry no GPU.
+    NvidiaNonGpu,
+    /// An NVIDIA vendor's kind gpu-mps does not know.
+    UnknownNvidia,
+    /// Another vendor's device.
+    Other,
+}
+
+/// NVIDIA's vendors are `nvidia.com` and its subdomains, compared without case: a kind that
+/// only differs in case from a known one is not that one, and is still NVIDIA's.
+fn cdi_kind(kind: &str) -> CdiKind {
+    let (vendor, class) = kind.split_once('/').unwrap_or((kind, ""));
+    let lower = vendor.to_ascii_lowercase();
+    let nvidia = lower == "nvidia.com" || lower.ends_with(".nvidia.com");
+    if CDI_GPU_KINDS.contains(&kind) {
+        CdiKind::Gpu
+    } else if vendor == DRA_CDI_VENDOR && DRA_CDI_CLASSES.contains(&class) {
+        CdiKind::Dra
+    } else if NON_GPU_CDI_VENDORS.contains(&vendor) && NON_GPU_CDI_CLASSES.contains(&class) {
+        CdiKind::NvidiaNonGpu
+    } else if nvidia {
+        CdiKind::UnknownNvidia
+    } else {
+        CdiKind::Other
+    }
+}
+
+/// What the CDI annotations hold: GPUs by name, and entries of NVIDIA's DRA driver (which only
+/// device nodes resolve).
+struct CdiAnnotations {
+    gpus: Vec<DeviceName>,
+    dra: Vec<(DeviceSource, String)>,
+}
+
+/// GPUs of CDI annotations, sorted by key; an NVIDIA kind gpu-mps does not know is an error.
+fn cdi_annotations(annotations: &HashMap<String, String>) -> Result<CdiAnnotations, DeviceError> {
     let mut cdi: Vec<_> = annotations
         .iter()
         .filter(|(k, _)| k.starts_with(CDI_PREFIX))
         .collect();
     cdi.sort();
-    let mut devices = Vec::new();
+    let mut found = CdiAnnotations {
+        gpus: Vec::new(),
+        dra: Vec::new(),
+    };
     for (key, value) in cdi {
         let origin = DeviceSource::Cdi {
             key: key.clone(),
             value: value.clone(),
         };
         for entry in list(value) {
-            let Some((kind, name)) = entry.split_once('=') else {
-                continue;
-            };
-            if kind.trim() != CDI_GPU_KIND {
-                continue;
+            let (kind, name) = entry.split_once('=').unwrap_or((entry, ""));
+            let (kind, name) = (kind.trim(), name.trim());
+            match cdi_kind(kind) {
+                CdiKind::Other | CdiKind::NvidiaNonGpu => continue,
+                CdiKind::UnknownNvidia => {
+                    return Err(DeviceError::UnknownNvidiaKind {
+                        origin,
+                        entry: entry.to_string(),
+                    });
+                }
+                CdiKind::Dra => found.dra.push((origin.clone(), entry.to_string())),
+                CdiKind::Gpu if name.is_empty() => {
+                    return Err(DeviceError::EmptyCdiName {
+                        origin,
+                        entry: entry.to_string(),
+                    });
+                }
+                CdiKind::Gpu => found.gpus.push(DeviceName {
+                    name: name.to_string(),
+                    origin: origin.clone(),
+                }),
             }
-            let name = name.trim();
-            if name.is_empty() {
-                return Err(DeviceError::EmptyCdiName {
-                    origin,
-                    entry: entry.to_string(),
-                });
-            }
-            devices.push(DeviceName {
-                name: name.to_string(),
-                origin: origin.clone(),
-            });
         }
     }
-    Ok(devices)
+    Ok(found)
 }
 
 /// The GPU a mount of the volume-mounts device list names: `/dev/null` mounted at
-/// `<root>/<name>`, `<root>/cdi/nvidia.com/gpu/<name>` or `<root>/cdi/nvidia.com/gpu=<name>`.
+/// `<root>/<name>`, `<root>/cdi/<kind>/<name>` or `<root>/cdi/<kind>=<name>` for a GPU kind
+/// ([`CDI_GPU_KINDS`]).
 /// IMEX channels (`<root>/imex/...`) and other CDI kinds are no GPUs.
 fn volume_mount(mount: &Mount) -> Option<DeviceName> {
     let source = clean(mount.source().as_deref()?)?;
@@ -357,7 +491,7 @@ fn volume_mount(mount: &Mount) -> Option<DeviceName> {
         let (_, name) = cdi
             .split_once('=')
             .or_else(|| cdi.rsplit_once('/'))
-            .filter(|(kind, _)| *kind == CDI_GPU_KIND)?;
+            .filter(|(kind, _)| CDI_GPU_KINDS.contains(kind))?;
         name
     } else if listed.starts_with("imex/") {
         return None;
@@ -593,18 +727,32 @@ mod tests {
         assert_eq!(spec.gpus(), Ok(None));
     }
 
+    /// What NVIDIA's k8s-device-plugin writes under its `cdi-annotations` strategy: the key
+    /// `cdi.k8s.io/` + `nvidia-device-plugin_` + a fresh UUID of the response, the value its
+    /// vendor's GPU kind with the GPU's UUID (index under `--device-id-strategy=index`), the
+    /// companions `gds=all` / `mofed=all` when those are on.
+    const PLUGIN_KEY: &str = "cdi.k8s.io/nvidia-device-plugin_7d0f3c52-9b1e-4a57-8c2d-5e6f7a8b9c0d";
+
     #[test]
-    fn cdi_annotations_name_gpus_and_other_kinds_are_ignored() {
+    fn cdi_annotations_name_gpus_and_other_vendors_kinds_are_ignored() {
         type Annotations<'a> = &'a [(&'a str, &'a str)];
         let a_uuid = format!("nvidia.com/gpu={A}");
+        let plugin_b = format!("k8s.device-plugin.nvidia.com/gpu={B}");
+        let plugin_b_gds = format!(
+            "k8s.device-plugin.nvidia.com/gpu={B},k8s.device-plugin.nvidia.com/gds=all,k8s.device-plugin.nvidia.com/mofed=all"
+        );
+        let plugin_two = format!("k8s.device-plugin.nvidia.com/gpu={A},k8s.device-plugin.nvidia.com/gpu={C}");
         let cases: &[(Annotations, &[&str])] = &[
-            (&[("cdi.k8s.io/nvidia-device-plugin", "nvidia.com/gpu=1")], &[B]),
+            (&[(PLUGIN_KEY, &plugin_b)], &[B]),
+            (&[(PLUGIN_KEY, "k8s.device-plugin.nvidia.com/gpu=1")], &[B]),
+            (&[(PLUGIN_KEY, &plugin_b_gds)], &[B]),
+            (&[(PLUGIN_KEY, &plugin_two)], &[A, C]),
             (&[("cdi.k8s.io/p", &a_uuid)], &[A]),
             (&[("cdi.k8s.io/p", "nvidia.com/gpu=all")], &[A, B, C]),
             (
                 &[(
                     "cdi.k8s.io/p",
-                    "vendor.com/fpga=0, nvidia.com/gpu=0,nvidia.com/nic=1",
+                    "vendor.com/fpga=0, nvidia.com/gpu=0,vendor.com/nic=1,nvidia.com/imex-channel=0",
                 )],
                 &[A],
             ),
@@ -622,6 +770,148 @@ mod tests {
                 spec = spec.cdi(k, v);
             }
             assert_eq!(spec.gpus(), Ok(uuids(want)), "{annotations:?}");
+            assert!(spec.request().unwrap().trusted(), "{annotations:?}");
+        }
+    }
+
+    #[test]
+    fn the_device_plugins_cdi_gpu_narrows_a_cuda_images_env() {
+        // A CUDA image says NVIDIA_VISIBLE_DEVICES=all; the plugin's annotation names GPU 1.
+        let spec = Spec::env("all").cdi(PLUGIN_KEY, &format!("k8s.device-plugin.nvidia.com/gpu={B}"));
+        assert_eq!(spec.gpus(), Ok(uuids(&[B])));
+        let request = spec.request().unwrap();
+        assert_eq!(judge_env(&request, false), Ok(EnvVerdict::Gpus));
+        assert!(request.devices.iter().any(|d| d.origin.ignored()));
+    }
+
+    #[test]
+    fn unknown_nvidia_kinds_fail_closed() {
+        for entry in [
+            "nvidia.com/foo=0",
+            "nvidia.com/nic=1",
+            "nvidia.com/pgpu=0",
+            "management.nvidia.com/gpu=all",
+            "k8s.device-plugin.nvidia.com/mig-1g.10gb=0",
+            "NVIDIA.com/gpu=0",
+            "nvidia.COM/gpu=0",
+            "k8s.gpu.nvidia.com/other=gpu-0",
+            "k8s.compute-domain.nvidia.com/channel=0",
+            "nvidia.com",
+            "k8s.device-plugin.nvidia.com/gpu",
+        ] {
+            let spec = Spec::env("void")
+                .cdi("cdi.k8s.io/x", &format!("vendor.com/fpga=0,{entry}"))
+                .node("/dev/nvidia0", Some((195, 0)));
+            let e = requested(spec.fields()).unwrap_err();
+            let text = e.to_string();
+            assert!(
+                matches!(
+                    e,
+                    DeviceError::UnknownNvidiaKind { .. } | DeviceError::EmptyCdiName { .. }
+                ),
+                "{entry}: {text}"
+            );
+            assert!(
+                text.contains(&format!("{entry:?}")) && text.contains("cdi.k8s.io/x") && !text.contains('\n'),
+                "{entry}: {text}"
+            );
+        }
+        let e = requested(Spec::default().cdi("cdi.k8s.io/x", "nvidia.com/foo=0").fields())
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.contains("an NVIDIA CDI kind gpu-mps does not know")
+                && e.contains("k8s.device-plugin.nvidia.com/gpu"),
+            "{e}"
+        );
+        // Look-alikes of another vendor are not NVIDIA's.
+        let other = Spec::default().cdi("cdi.k8s.io/x", "notnvidia.com/gpu=0,nvidia.com.evil/gpu=0");
+        assert_eq!(other.gpus(), Ok(None));
+    }
+
+    #[test]
+    fn dra_devices_count_only_as_the_device_nodes_they_were_resolved_into() {
+        let claim = "k8s.gpu.nvidia.com/claim=0b4c5d6e-1f2a-4b3c-9d8e-7f6a5b4c3d2e-gpu-0";
+        let resolved = Spec::env("all")
+            .cdi("cdi.k8s.io/gpu.nvidia.com", claim)
+            .node("/dev/nvidia0", Some((195, 0)));
+        assert_eq!(resolved.gpus(), Ok(uuids(&[B])));
+        let device = Spec::default()
+            .cdi("cdi.k8s.io/gpu.nvidia.com", "k8s.gpu.nvidia.com/device=gpu-1")
+            .node("/dev/nvidia1", Some((195, 1)));
+        assert_eq!(device.gpus(), Ok(uuids(&[A])));
+        for spec in [
+            Spec::default().cdi("cdi.k8s.io/gpu.nvidia.com", claim),
+            Spec::env("0").cdi("cdi.k8s.io/gpu.nvidia.com", claim),
+            Spec::default()
+                .cdi("cdi.k8s.io/gpu.nvidia.com", claim)
+                .cdi("cdi.k8s.io/p", "nvidia.com/gpu=0")
+                .node("/dev/nvidiactl", Some((195, 255))),
+        ] {
+            let e = requested(spec.fields()).unwrap_err();
+            assert!(matches!(e, DeviceError::UnresolvedDra { .. }), "{e}");
+            let text = e.to_string();
+            assert!(
+                text.contains(claim) && text.contains("enable_cdi") && !text.contains('\n'),
+                "{text}"
+            );
+        }
+    }
+
+    #[test]
+    fn an_env_only_request_follows_the_nodes_setting() {
+        let judge = |spec: Spec, trust: bool| judge_env(&spec.request().unwrap(), trust);
+        // Off (the default): names refused, `all` (a CUDA image's default) is no GPU.
+        for value in ["0", B, "GPU-aaaaaaaa", "1,0", "7"] {
+            let e = judge(Spec::env(value), false).unwrap_err();
+            assert_eq!(
+                e,
+                DeviceError::EnvNotTrusted {
+                    value: value.to_string()
+                }
+            );
+            let text = e.to_string();
+            assert!(
+                text.starts_with(&format!(
+                    "NVIDIA_VISIBLE_DEVICES={value:?} names GPUs, but none was scheduled"
+                )) && text.contains("[gpus] trust_visible_devices_env = true")
+                    && !text.contains('\n'),
+                "{text}"
+            );
+        }
+        for value in ["all", " all ", "0,all"] {
+            assert_eq!(
+                judge(Spec::env(value), false),
+                Ok(EnvVerdict::NoGpu {
+                    value: value.trim().to_string()
+                }),
+                "{value:?}"
+            );
+        }
+        // On (the envvar strategy): the env's GPUs, never `all`.
+        for value in ["0", B, "1,0"] {
+            assert_eq!(judge(Spec::env(value), true), Ok(EnvVerdict::Gpus), "{value}");
+        }
+        for value in ["all", "0,all"] {
+            let e = judge(Spec::env(value), true).unwrap_err();
+            assert!(matches!(e, DeviceError::EnvAll { .. }), "{e}");
+            let text = e.to_string();
+            assert!(
+                text.contains("never all")
+                    && text.contains("NVIDIA_VISIBLE_DEVICES=void")
+                    && !text.contains('\n'),
+                "{text}"
+            );
+        }
+        // Trusted sources decide whatever the setting and the env say.
+        for trust in [false, true] {
+            for spec in [
+                Spec::env("all").node("/dev/nvidia0", Some((195, 0))),
+                Spec::env("0").cdi(PLUGIN_KEY, "k8s.device-plugin.nvidia.com/gpu=1"),
+                Spec::env("all").mount(&format!("{VOLUME_MOUNTS_ROOT}/2"), "/dev/null"),
+            ] {
+                assert_eq!(judge(spec, trust), Ok(EnvVerdict::Gpus));
+            }
         }
     }
 
@@ -717,6 +1007,10 @@ mod tests {
             (
                 Spec::env(root).mount(&listed("cdi/nvidia.com/gpu=0"), "/dev/null"),
                 uuids(&[A]),
+            ),
+            (
+                Spec::env(root).mount(&listed("cdi/k8s.device-plugin.nvidia.com/gpu/2"), "/dev/null"),
+                uuids(&[C]),
             ),
             // A pod's own volume (any other source) lists nothing.
             (

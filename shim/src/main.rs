@@ -20,10 +20,12 @@ gpu-mps-shim: an OCI runtime in front of runc that puts GPU containers on NVIDIA
 pods share a GPU with memory and SM limits they cannot escape.
 
 containerd runs it exactly like runc. On `create` it reads <bundle>/config.json; for a container
-that got a GPU (a /dev/nvidiaN device, a CDI nvidia.com/gpu annotation, the toolkit's volume-mounts
-list, or NVIDIA_VISIBLE_DEVICES) it mounts the container's gate dir at /tmp/nvidia-mps and adds
-CUDA_MPS_* env, masked nvidia-smi and the gpu-mps-hook hooks, then runs the real runc with the same
-arguments. Other containers and every other subcommand go to runc untouched.
+that got a GPU (a /dev/nvidiaN device, a CDI annotation of kind nvidia.com/gpu or
+k8s.device-plugin.nvidia.com/gpu, the toolkit's volume-mounts list; NVIDIA_VISIBLE_DEVICES only
+where the node config sets [gpus] trust_visible_devices_env) it mounts the container's gate dir at
+/tmp/nvidia-mps and adds CUDA_MPS_* env, masked nvidia-smi and the gpu-mps-hook hooks, then runs
+the real runc with the same arguments. Other containers and every other subcommand go to runc
+untouched (one whose env says NVIDIA_VISIBLE_DEVICES=all without a GPU gets it set to void).
 
 Register it as a runtime handler of containerd's runc shim, e.g. (config version 2):
   [plugins.\"io.containerd.grpc.v1.cri\".containerd.runtimes.gpu-mps]
@@ -36,7 +38,7 @@ Register it as a runtime handler of containerd's runc shim, e.g. (config version
 pods with runtimeClassName: gpu-mps.
 
 Example (by hand, through ctr):
-  ctr run --runc-binary /usr/local/bin/gpu-mps-shim --env NVIDIA_VISIBLE_DEVICES=0 \\
+  ctr run --runc-binary /usr/local/bin/gpu-mps-shim --annotation cdi.k8s.io/demo=nvidia.com/gpu=0 \\
     --annotation gpu-mps.io/memory-limit=4Gi docker.io/library/debian:12 demo env
 
 Limits: pod annotations gpu-mps.io/memory-limit (e.g. 4Gi, the total of the container's CUDA
@@ -113,6 +115,17 @@ fn prepare_create(
     }
     let (config, origin) = node_files::load_effective_config(config_path)?;
     reporter.debug(format_args!("create {id}: node config {origin}"));
+    let parsed = parsed.judge_env(&config)?;
+    if let Some(reason) = parsed.passthrough_reason() {
+        if let Some(text) = parsed.passthrough_spec()? {
+            bundle::write_config_atomically(&bundle, &text)?;
+        }
+        reporter.debug(format_args!(
+            "create {id} (bundle {}): {reason}",
+            bundle.display()
+        ));
+        return Ok((config.runc_path, None));
+    }
     let inventory = node_files::load_inventory(&config.inventory_path())?;
     let plan = parsed.plan(&config, &inventory, id)?;
     if let (Some(text), Some(pipe_dir)) = (&plan.rewritten, &plan.client_pipe_dir) {

@@ -13,7 +13,7 @@ use serde_json::Value;
 
 use crate::allocation;
 use crate::error::ShimError;
-use crate::gpu_devices::{self, DeviceRequest};
+use crate::gpu_devices::{self, DeviceRequest, EnvVerdict, TRUST_ENV_KEY, VISIBLE_DEVICES_ENV};
 use crate::request::{self, CriIdentity, NodeRules, ResolvedLimits, ResolvedRequest};
 use crate::rewrite::{self, RewriteError};
 use crate::spec_fields;
@@ -22,7 +22,9 @@ use crate::spec_fields;
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct RewritePlan {
     /// `None`: passthrough, config.json is not written. `Some`: the new config.json, as
-    /// written (pretty-printed, two-space indent, trailing newline).
+    /// written (pretty-printed, two-space indent, trailing newline); with `daemon: None`, that of
+    /// a container without a GPU whose env said `NVIDIA_VISIBLE_DEVICES=all`, set to `void`
+    /// ([`ParsedSpec::judge_env`]).
     pub rewritten: Option<String>,
     pub daemon: Option<DaemonKey>,
     pub limits: Option<Limits>,
@@ -44,6 +46,9 @@ pub struct ParsedSpec {
     annotations: HashMap<String, String>,
     devices: Option<DeviceRequest>,
     passthrough_reason: Option<String>,
+    /// The env's `NVIDIA_VISIBLE_DEVICES` was set to `void` ([`ParsedSpec::judge_env`]): the
+    /// container passes through, but config.json is written.
+    env_voided: bool,
 }
 
 /// Parses config.json text and finds its GPUs. A spec whose annotations, env, linux.devices,
@@ -62,6 +67,7 @@ pub fn parse_spec(text: &str) -> Result<ParsedSpec, ShimError> {
             annotations,
             devices: None,
             passthrough_reason: Some(reason),
+            env_voided: false,
         });
     }
     let env = spec_fields::env(&spec)?;
@@ -90,6 +96,7 @@ pub fn parse_spec(text: &str) -> Result<ParsedSpec, ShimError> {
         annotations,
         devices,
         passthrough_reason,
+        env_voided: false,
     })
 }
 
@@ -104,6 +111,40 @@ impl ParsedSpec {
         self.passthrough_reason.as_deref()
     }
 
+    /// Applies the node's `[gpus] trust_visible_devices_env` to a container whose GPUs only its
+    /// own env names (before the inventory is read: the answer does not depend on it). Refused
+    /// where the node does not take GPUs from the env, or the env says `all` where it does; a
+    /// container whose env says `all` (a CUDA image's default) on a node that does not trust the
+    /// env got no GPU: it passes through with `NVIDIA_VISIBLE_DEVICES=void`, so that the
+    /// toolkit's runtime, when chained after the shim, hands it none either. Idempotent.
+    pub fn judge_env(mut self, config: &NodeConfig) -> Result<ParsedSpec, ShimError> {
+        let Some(devices) = &self.devices else {
+            return Ok(self);
+        };
+        match gpu_devices::judge_env(devices, config.trust_visible_devices_env)? {
+            EnvVerdict::Gpus => Ok(self),
+            EnvVerdict::NoGpu { value } => {
+                allocation::require_gpu_for_units(&self.annotations)?;
+                rewrite::void_visible_devices(&mut self.spec)?;
+                self.devices = None;
+                self.env_voided = true;
+                self.passthrough_reason = Some(format!(
+                    "passthrough: no GPU scheduled ({VISIBLE_DEVICES_ENV}={value:?} is no GPU source on this node: {TRUST_ENV_KEY} is off); {VISIBLE_DEVICES_ENV} set to \"void\" so that no runtime after gpu-mps hands the container a GPU"
+                ));
+                Ok(self)
+            }
+        }
+    }
+
+    /// The config.json to write for a container that passes through: `None` (leave it as it
+    /// is) unless [`ParsedSpec::judge_env`] set its env to `void`.
+    pub fn passthrough_spec(&self) -> Result<Option<String>, ShimError> {
+        if !self.env_voided {
+            return Ok(None);
+        }
+        Ok(Some(spec_text(&self.spec)?))
+    }
+
     /// Resolves the request against the node's config and GPUs and rewrites the spec.
     /// `container_id` names the container's gate dir.
     pub fn plan(
@@ -112,10 +153,12 @@ impl ParsedSpec {
         inventory: &Inventory,
         container_id: &str,
     ) -> Result<RewritePlan, ShimError> {
-        let (Some(devices), None) = (&self.devices, &self.passthrough_reason) else {
-            let reason = self.passthrough_reason.unwrap_or_default();
+        let parsed = self.judge_env(config)?;
+        let (Some(devices), None) = (&parsed.devices, &parsed.passthrough_reason) else {
+            let rewritten = parsed.passthrough_spec()?;
+            let reason = parsed.passthrough_reason.unwrap_or_default();
             return Ok(RewritePlan {
-                rewritten: None,
+                rewritten,
                 daemon: None,
                 limits: None,
                 resolved_limits: None,
@@ -124,7 +167,7 @@ impl ParsedSpec {
                 reason,
             });
         };
-        let identity = CriIdentity::from_annotations(&self.annotations);
+        let identity = CriIdentity::from_annotations(&parsed.annotations);
         identity.check_hook_args()?;
         let (maxima, maxima_scope) = config.maxima_for(&identity.namespace);
         let rules = NodeRules {
@@ -134,21 +177,21 @@ impl ParsedSpec {
             maxima_scope: &maxima_scope,
         };
         let daemon = gpu_devices::resolve(devices, inventory)?;
-        let allocation = allocation::allocated_units(&self.annotations, &daemon, config, inventory)?;
+        let allocation = allocation::allocated_units(&parsed.annotations, &daemon, config, inventory)?;
         let resolved = match &allocation {
             Some((_, allocated)) => request::resolve_allocated_limits(
-                &self.annotations,
+                &parsed.annotations,
                 &identity.container_name,
                 rules,
                 *allocated,
             )?,
-            None => request::resolve_limits(&self.annotations, &identity.container_name, rules)?,
+            None => request::resolve_limits(&parsed.annotations, &identity.container_name, rules)?,
         };
         // Under every policy the container sees only its gate's `control`, never the daemon's
         // pipe dir: that one holds `control_privileged`, through which a root pod could change
         // or quit the daemon (measured on the H200, MPS-FACTS.md "Hostile tenants").
         let client_pipe_dir = config.gate_dir(&ContainerId::parse(container_id)?);
-        let env = spec_fields::env(&self.spec)?;
+        let env = spec_fields::env(&parsed.spec)?;
         let request = ResolvedRequest {
             daemon: daemon.clone(),
             limits: resolved.limits,
@@ -158,7 +201,7 @@ impl ParsedSpec {
             narrow_visible_devices: devices.trusted() && gpu_devices::env_names_devices(&env),
             memory_units: allocation.map(|(a, _)| a.units).unwrap_or_default(),
         };
-        let mut spec = self.spec;
+        let mut spec = parsed.spec;
         let acquire = rewrite::rewrite(&mut spec, &request, config)?;
         let mut origins: Vec<String> = devices.devices.iter().map(|d| d.origin.to_string()).collect();
         origins.dedup();

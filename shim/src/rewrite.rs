@@ -166,6 +166,23 @@ fn rewrite_in_place(
     Ok(acquire)
 }
 
+/// Sets every `NVIDIA_VISIBLE_DEVICES` entry of a container that got no GPU to `void`: its env
+/// said `all` (a CUDA image's default), which nvidia-container-runtime after the shim would turn
+/// into every GPU of the node, outside MPS. Nothing else of the spec changes.
+pub fn void_visible_devices(spec: &mut Value) -> Result<(), RewriteError> {
+    let env = spec_fields::env(spec)?;
+    let voided = format!("{VISIBLE_DEVICES_ENV}=void");
+    let new_env = env
+        .into_iter()
+        .map(|e| if is_visible_devices(&e) { voided.clone() } else { e })
+        .map(Value::String)
+        .collect();
+    let root = root_object(spec)?;
+    let process = object_entry(root, "process", "process")?;
+    *array_entry(process, "env", "process.env")? = new_env;
+    Ok(())
+}
+
 fn is_visible_devices(entry: &str) -> bool {
     entry
         .strip_prefix(VISIBLE_DEVICES_ENV)

@@ -61,8 +61,15 @@ impl Fixture {
         fs::create_dir_all(f.bundle()).unwrap();
         fs::write(f.config_json(), golden_input(case)).unwrap();
         fs::set_permissions(f.config_json(), fs::Permissions::from_mode(0o644)).unwrap();
+        // The env-* cases name their GPU by NVIDIA_VISIBLE_DEVICES, as the NVIDIA device
+        // plugin's envvar strategy hands it over: a node that takes GPUs from the env.
+        let trust_env = if extra_config.contains("[gpus]") {
+            ""
+        } else {
+            "[gpus]\ntrust_visible_devices_env = true\n"
+        };
         let config = format!(
-            "root = {:?}\nrunc_path = {:?}\nhook_path = \"/usr/local/bin/gpu-mps-hook\"\n{extra_config}",
+            "root = {:?}\nrunc_path = {:?}\nhook_path = \"/usr/local/bin/gpu-mps-hook\"\n{trust_env}{extra_config}",
             f.root(),
             f.runc()
         );
@@ -308,6 +315,58 @@ fn a_container_without_gpu_is_not_touched_nor_is_the_node_config_validated() {
         );
         assert!(!f.root().join("daemons").exists(), "{case}");
     }
+}
+
+#[test]
+fn on_a_node_that_does_not_trust_the_env_an_env_only_gpu_gets_nothing() {
+    let untrusted = "[gpus]\ntrust_visible_devices_env = false\n[limits]\npolicy = \"uniform\"\n";
+    // A CUDA image's NVIDIA_VISIBLE_DEVICES=all and no GPU scheduled: runc runs a container
+    // without a GPU, its env voided so that the chained toolkit adds none; no daemon, no gate,
+    // and no inventory needed.
+    let f = Fixture::with_config("env-all", untrusted);
+    fs::remove_file(f.inventory()).unwrap();
+    let args = [
+        "--log",
+        "/dev/null",
+        "create",
+        "--bundle",
+        &f.bundle_arg(),
+        CREATED_ID,
+    ];
+    let out = f.run(&args);
+    assert!(out.status.success(), "{}", stderr(&out));
+    assert_eq!(f.runc_argv(), Some(strings(&args)));
+    let spec: Value = serde_json::from_str(&fs::read_to_string(f.config_json()).unwrap()).unwrap();
+    let env: Vec<&str> = spec["process"]["env"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|e| e.as_str().unwrap())
+        .collect();
+    assert!(env.contains(&"NVIDIA_VISIBLE_DEVICES=void"), "{env:?}");
+    assert!(
+        !env.iter()
+            .any(|e| e.starts_with("CUDA_MPS_") || *e == "NVIDIA_VISIBLE_DEVICES=all"),
+        "{env:?}"
+    );
+    assert!(spec.get("hooks").is_none(), "{spec}");
+    assert!(!f.gate_dir(CREATED_ID).exists() && !f.root().join("daemons").exists());
+
+    // The env names a GPU: refused with one line naming the key, and runc never runs.
+    let f = Fixture::with_config("env-index", untrusted);
+    let before = fs::read(f.config_json()).unwrap();
+    let out = f.run(&["create", "--bundle", &f.bundle_arg(), CREATED_ID]);
+    assert!(!out.status.success());
+    let err = stderr(&out);
+    assert!(
+        err.contains("NVIDIA_VISIBLE_DEVICES=\"1\" names GPUs, but none was scheduled")
+            && err.contains("[gpus] trust_visible_devices_env = true")
+            && err.trim_end().lines().count() == 1,
+        "{err}"
+    );
+    assert_eq!(f.runc_argv(), None);
+    assert_eq!(fs::read(f.config_json()).unwrap(), before);
+    assert!(!f.gate_dir(CREATED_ID).exists());
 }
 
 #[test]

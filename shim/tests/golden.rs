@@ -44,8 +44,11 @@ impl Case {
         plan_rewrite(&self.input, &self.config, &self.inventory, GOLDEN_CONTAINER_ID)
     }
 
+    /// A GPU container's rewrite: input and output. A container without a GPU whose env was
+    /// voided has its own test.
     fn rewritten(&self) -> Option<(Value, Value)> {
         let plan = self.outcome().ok()?;
+        plan.daemon.as_ref()?;
         let output: Value = serde_json::from_str(plan.rewritten.as_deref()?).unwrap();
         Some((serde_json::from_str(&self.input).unwrap(), output))
     }
@@ -292,6 +295,7 @@ fn rewriting_a_rewritten_spec_changes_nothing() {
     for case in cases() {
         let Ok(RewritePlan {
             rewritten: Some(once),
+            daemon: Some(_),
             ..
         }) = case.outcome()
         else {
@@ -303,6 +307,40 @@ fn rewriting_a_rewritten_spec_changes_nothing() {
             .unwrap();
         assert_eq!(once, twice, "{}", case.name);
     }
+}
+
+#[test]
+fn a_cuda_images_env_without_a_scheduled_gpu_is_only_voided() {
+    let case = cases()
+        .into_iter()
+        .find(|c| c.name == "env-all-untrusted")
+        .unwrap();
+    assert!(!case.config.trust_visible_devices_env);
+    let plan = case.outcome().unwrap();
+    assert_eq!(
+        (&plan.daemon, &plan.limits, &plan.acquire, &plan.client_pipe_dir),
+        (&None, &None, &None, &None)
+    );
+    assert!(
+        plan.reason
+            .starts_with("passthrough: no GPU scheduled (NVIDIA_VISIBLE_DEVICES=\"all\"")
+            && plan.reason.contains("[gpus] trust_visible_devices_env is off"),
+        "{}",
+        plan.reason
+    );
+    let once = plan.rewritten.unwrap();
+    // Only the env's NVIDIA_VISIBLE_DEVICES changed, in its place.
+    let mut input: Value = serde_json::from_str(&case.input).unwrap();
+    let output: Value = serde_json::from_str(&once).unwrap();
+    for e in input["process"]["env"].as_array_mut().unwrap() {
+        if e.as_str().unwrap().starts_with("NVIDIA_VISIBLE_DEVICES=") {
+            *e = Value::String("NVIDIA_VISIBLE_DEVICES=void".into());
+        }
+    }
+    assert_eq!(input, output);
+    // The voided spec is a plain container without a GPU: planned again, it passes through.
+    let again = plan_rewrite(&once, &case.config, &case.inventory, GOLDEN_CONTAINER_ID).unwrap();
+    assert_eq!(again.rewritten, None);
 }
 
 #[test]
@@ -401,6 +439,27 @@ fn errors_are_one_line_naming_what_was_wrong() {
         (
             "error-mig-enabled-gpu",
             &["NVIDIA_VISIBLE_DEVICES=\"1\"", "has MIG enabled", "not support"],
+        ),
+        (
+            "env-all",
+            &[
+                "NVIDIA_VISIBLE_DEVICES=\"all\" with no GPU scheduled",
+                "never all",
+            ],
+        ),
+        (
+            "error-env-index-untrusted",
+            &[
+                "NVIDIA_VISIBLE_DEVICES=\"1\" names GPUs, but none was scheduled",
+                "[gpus] trust_visible_devices_env = true",
+            ],
+        ),
+        (
+            "error-cdi-unknown-nvidia-kind",
+            &[
+                "annotation cdi.k8s.io/vfio=\"nvidia.com/pgpu=0\"",
+                "an NVIDIA CDI kind gpu-mps does not know",
+            ],
         ),
         ("error-env-not-a-list", &["config.json: process.env:"]),
         (

@@ -1,4 +1,7 @@
-//! Check: a CDI spec of kind nvidia.com/gpu names every GPU of the manager's inventory.
+//! Check: the CDI specs of each NVIDIA GPU kind present name every GPU of the manager's
+//! inventory: `nvidia.com/gpu` (`nvidia-ctk cdi generate`) and `k8s.device-plugin.nvidia.com/gpu`
+//! (NVIDIA's device plugin writes it under /var/run/cdi for its CDI strategies; its annotations
+//! and CRI CDI devices name that kind, which gpu-mps-shim takes as GPUs too).
 //!
 //! containerd 2.x (and 1.7 with enable_cdi) resolves a CDI device itself and refuses a container
 //! whose device no spec names; gpu-mps-device-plugin hands a GPU over as a CDI device when a spec
@@ -12,7 +15,9 @@ use super::{Check, DoctorError, GpuFacts, GpuSeen};
 
 const NAME: &str = "cdi";
 /// The CDI kind of NVIDIA GPUs, as `nvidia-ctk cdi generate` writes it.
-pub const GPU_CDI_KIND: &str = "nvidia.com/gpu";
+pub const GPU_CDI_KIND: &str = gpu_mps_shim::gpu_devices::CDI_GPU_KIND;
+/// The kind NVIDIA's device plugin writes its own spec with.
+pub const DEVICE_PLUGIN_GPU_CDI_KIND: &str = gpu_mps_shim::gpu_devices::DEVICE_PLUGIN_CDI_GPU_KIND;
 
 #[derive(Debug)]
 pub struct CdiFacts {
@@ -58,12 +63,16 @@ pub fn check(f: &CdiFacts, gpus: &GpuFacts) -> Check {
                 .join("; ")
         )
     };
-    let specs: Vec<&CdiSpec> = f.specs.iter().filter(|s| s.kind == GPU_CDI_KIND).collect();
+    let specs: Vec<&CdiSpec> = f
+        .specs
+        .iter()
+        .filter(|s| gpu_mps_shim::gpu_devices::CDI_GPU_KINDS.contains(&s.kind.as_str()))
+        .collect();
     if specs.is_empty() {
         return Check::warn(
             NAME,
             format!(
-                "no CDI spec of kind {GPU_CDI_KIND} in {dirs}{unreadable}: this node hands GPUs to containers as NVIDIA_VISIBLE_DEVICES and device nodes, which get the driver libraries only through nvidia-container-runtime chained as runc_path"
+                "no CDI spec of kind {GPU_CDI_KIND} in {dirs} (nor of {DEVICE_PLUGIN_GPU_CDI_KIND}){unreadable}: this node hands GPUs to containers as NVIDIA_VISIBLE_DEVICES and device nodes, which get the driver libraries only through nvidia-container-runtime chained as runc_path"
             ),
             "to hand GPUs over as CDI devices instead: nvidia-ctk cdi generate --output=/etc/cdi/nvidia.yaml (NVIDIA Container Toolkit); otherwise keep runc_path at nvidia-container-runtime",
         );
@@ -82,24 +91,45 @@ pub fn check(f: &CdiFacts, gpus: &GpuFacts) -> Check {
             ),
         );
     }
-    let missing: Vec<String> = gpus
-        .gpus
-        .iter()
-        .filter(|g| !specs.iter().any(|s| s.names(g)))
-        .map(|g| format!("GPU {} ({})", g.index, g.uuid))
-        .collect();
-    if !missing.is_empty() {
-        let target = specs[0].path.display();
+    // containerd resolves a device only against specs of its own kind: each kind present must
+    // name every GPU.
+    for kind in gpu_mps_shim::gpu_devices::CDI_GPU_KINDS {
+        let of_kind: Vec<&&CdiSpec> = specs.iter().filter(|s| s.kind == kind).collect();
+        if of_kind.is_empty() {
+            continue;
+        }
+        let missing: Vec<String> = gpus
+            .gpus
+            .iter()
+            .filter(|g| !of_kind.iter().any(|s| s.names(g)))
+            .map(|g| format!("GPU {} ({})", g.index, g.uuid))
+            .collect();
+        if missing.is_empty() {
+            continue;
+        }
+        let kind_paths = of_kind
+            .iter()
+            .map(|s| s.path.display().to_string())
+            .collect::<Vec<_>>()
+            .join(", ");
+        let target = of_kind[0].path.display();
+        let fix = if kind == GPU_CDI_KIND {
+            format!(
+                "generate the spec again for the GPUs the node has now: nvidia-ctk cdi generate --output={target}"
+            )
+        } else {
+            format!(
+                "restart NVIDIA's device plugin on this node: it writes {target} for the GPUs it finds at start"
+            )
+        };
         return Check::fail(
             NAME,
             format!(
-                "{paths} does not name {} of this node (GPUs from {}){unreadable}: containerd refuses a container given that GPU as a CDI device",
+                "{kind_paths} does not name {} of this node (GPUs from {}){unreadable}: containerd refuses a container given that GPU as a CDI device of kind {kind}",
                 missing.join(", "),
                 gpus.source.describe()
             ),
-            format!(
-                "generate the spec again for the GPUs the node has now: nvidia-ctk cdi generate --output={target}"
-            ),
+            fix,
         );
     }
     Check::pass(
@@ -288,6 +318,36 @@ mod tests {
             c.found
         );
         assert!(c.fix.unwrap_or_default().contains("nvidia-ctk cdi generate"));
+    }
+
+    #[test]
+    fn the_device_plugins_own_spec_counts_and_must_name_every_gpu() {
+        let mut plugin = spec(&["GPU-aaaa", "GPU-bbbb"]);
+        plugin.path = "/var/run/cdi/k8s.device-plugin.nvidia.com-gpu.json".into();
+        plugin.kind = DEVICE_PLUGIN_GPU_CDI_KIND.into();
+        let c = check(&facts(vec![plugin.clone()]), &gpus(2));
+        assert_eq!(c.status, Status::Pass, "{c:?}");
+        assert!(
+            c.found
+                .starts_with("/var/run/cdi/k8s.device-plugin.nvidia.com-gpu.json names every GPU"),
+            "{}",
+            c.found
+        );
+        // Each kind on its own: the toolkit's spec naming GPU 2 does not resolve the plugin's.
+        let c = check(&facts(vec![spec(&["0", "1", "2"]), plugin]), &gpus(3));
+        assert_eq!(c.status, Status::Fail, "{c:?}");
+        assert!(
+            c.found
+                .contains("k8s.device-plugin.nvidia.com-gpu.json does not name GPU 2 (GPU-cccc)")
+                && c.found.contains("of kind k8s.device-plugin.nvidia.com/gpu"),
+            "{}",
+            c.found
+        );
+        assert!(
+            c.fix
+                .unwrap_or_default()
+                .contains("restart NVIDIA's device plugin")
+        );
     }
 
     #[test]

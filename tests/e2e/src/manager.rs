@@ -40,6 +40,10 @@ pub struct LimitsConfig {
     pub extra_toml: String,
     /// The manager's root on a tmpfs of this many bytes: a /run that can fill up.
     pub root_tmpfs_bytes: Option<u64>,
+    /// `[gpus] trust_visible_devices_env`, written out always. True by default here: the
+    /// harness hands most containers their GPU as NVIDIA_VISIBLE_DEVICES, as the NVIDIA device
+    /// plugin's envvar strategy does; a node as shipped (false) is [`LimitsConfig::env_untrusted`].
+    pub trust_visible_devices_env: bool,
 }
 
 impl Default for LimitsConfig {
@@ -54,6 +58,7 @@ impl Default for LimitsConfig {
             extra_limits: Vec::new(),
             extra_toml: String::new(),
             root_tmpfs_bytes: None,
+            trust_visible_devices_env: true,
         }
     }
 }
@@ -92,6 +97,12 @@ impl LimitsConfig {
     /// One more `key = value` line under `[limits]`.
     pub fn limit(mut self, line: &str) -> LimitsConfig {
         self.extra_limits.push(line.into());
+        self
+    }
+
+    /// The shipped default: a container's own NVIDIA_VISIBLE_DEVICES names no GPU.
+    pub fn env_untrusted(mut self) -> LimitsConfig {
+        self.trust_visible_devices_env = false;
         self
     }
 
@@ -159,6 +170,10 @@ pub fn node_config_toml(root: &Path, bins: &Binaries, runc: &Path, limits: &Limi
     text += &format!(
         "\n[daemon]\ncontrol_binary = {}\nidle_grace_seconds = {IDLE_GRACE_SECONDS}\nexclusive_process = false\n\n[hook]\ntimeout_seconds = 10\n",
         p(&bins.fake_mps_control)
+    );
+    text += &format!(
+        "\n[gpus]\ntrust_visible_devices_env = {}\n",
+        limits.trust_visible_devices_env
     );
     text += &limits.extra_toml;
     text
