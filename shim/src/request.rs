@@ -764,7 +764,7 @@ mod tests {
         assert_eq!(
             e.to_string(),
             "annotation gpu-mps.io/memory-limit=\"4GB\": \"4GB\" has unknown suffix \"GB\": \
-             allowed are Ki, Mi, Gi, Ti, Pi, k, M, G, T, P (set it on the pod)"
+             allowed are Ki, Mi, Gi, Ti, Pi, k, M, G, T, P, or an exponent such as e9 (set it on the pod)"
         );
     }
 
