@@ -129,8 +129,15 @@ pub fn parse_thread_percentage(value: &str) -> Result<u8, LimitError> {
         value: value.to_string(),
     };
     let n: u8 = value.trim().parse().map_err(|_| err())?;
-    if (1..=100).contains(&n) { Ok(n) } else { Err(err()) }
+    if THREAD_PERCENTAGE.contains(&n) {
+        Ok(n)
+    } else {
+        Err(err())
+    }
 }
+
+/// What an active thread percentage may be, in an annotation or the node config.
+pub const THREAD_PERCENTAGE: std::ops::RangeInclusive<u8> = 1..=100;
 
 #[cfg(test)]
 mod tests {

@@ -157,15 +157,21 @@ struct RawLimits {
     policy: Option<LimitPolicy>,
     tenancy: Option<Tenancy>,
     default_memory_limit: Option<String>,
+    #[serde(default, deserialize_with = "config_number::thread_percentage")]
     default_active_thread_percentage: Option<u8>,
     ceiling_memory_limit: Option<String>,
+    #[serde(default, deserialize_with = "config_number::thread_percentage")]
     ceiling_active_thread_percentage: Option<u8>,
     overcommit: Option<f64>,
+    #[serde(default, deserialize_with = "config_number::whole")]
     max_clients_per_gpu: Option<u32>,
     allow_overlapping_gpu_sets: Option<bool>,
+    #[serde(default, deserialize_with = "config_number::whole")]
     default_cuda_processes: Option<u32>,
     max_memory_limit: Option<String>,
+    #[serde(default, deserialize_with = "config_number::thread_percentage")]
     max_active_thread_percentage: Option<u8>,
+    #[serde(default, deserialize_with = "config_number::whole")]
     max_cuda_processes: Option<u32>,
     #[serde(default)]
     namespaces: BTreeMap<String, RawMaxima>,
@@ -177,7 +183,9 @@ struct RawLimits {
 #[serde(deny_unknown_fields)]
 struct RawMaxima {
     max_memory_limit: Option<String>,
+    #[serde(default, deserialize_with = "config_number::thread_percentage")]
     max_active_thread_percentage: Option<u8>,
+    #[serde(default, deserialize_with = "config_number::whole")]
     max_cuda_processes: Option<u32>,
 }
 
@@ -185,24 +193,134 @@ struct RawMaxima {
 #[serde(deny_unknown_fields)]
 struct RawDaemon {
     control_binary: Option<PathBuf>,
+    #[serde(default, deserialize_with = "config_number::whole")]
     idle_grace_seconds: Option<u64>,
     exclusive_process: Option<bool>,
+    #[serde(default, deserialize_with = "config_number::whole")]
     start_timeout_seconds: Option<u64>,
 }
 
 #[derive(Debug, Clone, Default, Deserialize)]
 #[serde(deny_unknown_fields)]
 struct RawGate {
+    #[serde(default, deserialize_with = "config_number::whole")]
     handshake_timeout_seconds: Option<u64>,
+    #[serde(default, deserialize_with = "config_number::whole")]
     queue_timeout_seconds: Option<u64>,
+    #[serde(default, deserialize_with = "config_number::whole")]
     connections_per_container: Option<u32>,
+    #[serde(default, deserialize_with = "config_number::whole")]
     max_connections: Option<u32>,
 }
 
 #[derive(Debug, Clone, Default, Deserialize)]
 #[serde(deny_unknown_fields)]
 struct RawHook {
+    #[serde(default, deserialize_with = "config_number::whole")]
     timeout_seconds: Option<u64>,
+}
+
+/// serde says "invalid type: string \"abc\", expected u8" for a number of the wrong kind; the
+/// operator reads "expected a whole number from 1 to 100, got \"abc\"", with TOML's line,
+/// column and key around it.
+mod config_number {
+    use std::fmt;
+    use std::marker::PhantomData;
+
+    use serde::Deserializer;
+    use serde::de::{Error, Visitor};
+
+    /// A whole number in the range of its type (a finer range is checked with the key's name).
+    pub fn whole<'de, D, T>(deserializer: D) -> Result<Option<T>, D::Error>
+    where
+        D: Deserializer<'de>,
+        T: TryFrom<i128> + Bounded,
+    {
+        in_range(deserializer, T::MIN, T::MAX)
+    }
+
+    /// An active thread percentage: said to be 1 to 100 (what fits a u8 but is outside that is
+    /// refused with the key's name, after parsing).
+    pub fn thread_percentage<'de, D: Deserializer<'de>>(deserializer: D) -> Result<Option<u8>, D::Error> {
+        let range = crate::limits::THREAD_PERCENTAGE;
+        in_range(deserializer, i128::from(*range.start()), i128::from(*range.end()))
+    }
+
+    pub trait Bounded {
+        const MIN: i128;
+        const MAX: i128;
+    }
+    impl Bounded for u32 {
+        const MIN: i128 = 0;
+        const MAX: i128 = u32::MAX as i128;
+    }
+    impl Bounded for u64 {
+        const MIN: i128 = 0;
+        const MAX: i128 = u64::MAX as i128;
+    }
+
+    fn in_range<'de, D, T>(deserializer: D, min: i128, max: i128) -> Result<Option<T>, D::Error>
+    where
+        D: Deserializer<'de>,
+        T: TryFrom<i128>,
+    {
+        deserializer
+            .deserialize_any(WholeNumber {
+                min,
+                max,
+                number: PhantomData,
+            })
+            .map(Some)
+    }
+
+    struct WholeNumber<T> {
+        min: i128,
+        max: i128,
+        number: PhantomData<T>,
+    }
+
+    impl<T> WholeNumber<T> {
+        fn refuse<E: Error>(&self, got: impl fmt::Display) -> E {
+            E::custom(format!(
+                "expected a whole number from {} to {}, got {got}",
+                self.min, self.max
+            ))
+        }
+    }
+
+    impl<T: TryFrom<i128>> Visitor<'_> for WholeNumber<T> {
+        type Value = T;
+
+        fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+            write!(f, "a whole number from {} to {}", self.min, self.max)
+        }
+
+        fn visit_i64<E: Error>(self, v: i64) -> Result<T, E> {
+            self.visit_i128(i128::from(v))
+        }
+
+        fn visit_u64<E: Error>(self, v: u64) -> Result<T, E> {
+            self.visit_i128(i128::from(v))
+        }
+
+        /// Only what does not fit the type is refused here: a value that fits but is out of
+        /// the range is refused later, in a message that names the key in full.
+        fn visit_i128<E: Error>(self, v: i128) -> Result<T, E> {
+            T::try_from(v).map_err(|_| self.refuse(v))
+        }
+
+        fn visit_f64<E: Error>(self, v: f64) -> Result<T, E> {
+            Err(self.refuse(v))
+        }
+
+        fn visit_str<E: Error>(self, v: &str) -> Result<T, E> {
+            Err(self.refuse(format_args!("{v:?}")))
+        }
+
+        fn visit_bool<E: Error>(self, v: bool) -> Result<T, E> {
+            Err(self.refuse(v))
+        }
+    }
 }
 
 /// The node's settings, validated, with defaults filled in. The manager publishes the config it
@@ -1001,6 +1119,66 @@ mod tests {
         assert_eq!(c.maxima_for("batch").0.thread_percentage, 100);
         assert_eq!(c.maxima_for("batch").0.cuda_processes, 48);
         assert_eq!(NodeConfig::default().maxima, Maxima::default());
+    }
+
+    #[test]
+    fn a_number_of_the_wrong_kind_is_refused_in_words_not_rust_types() {
+        for (text, said) in [
+            (
+                "[limits]\ndefault_active_thread_percentage = \"abc\"",
+                "expected a whole number from 1 to 100, got \"abc\"",
+            ),
+            (
+                "[limits]\nmax_active_thread_percentage = 300",
+                "expected a whole number from 1 to 100, got 300",
+            ),
+            (
+                "[limits]\nceiling_active_thread_percentage = 12.5",
+                "expected a whole number from 1 to 100, got 12.5",
+            ),
+            (
+                "[limits]\ndefault_cuda_processes = -1",
+                "expected a whole number from 0 to 4294967295, got -1",
+            ),
+            (
+                "[limits.namespaces.a]\nmax_cuda_processes = \"4\"",
+                "expected a whole number from 0 to 4294967295, got \"4\"",
+            ),
+            (
+                "[gate]\nmax_connections = true",
+                "expected a whole number from 0 to 4294967295, got true",
+            ),
+            (
+                "[daemon]\nidle_grace_seconds = \"60s\"",
+                "expected a whole number from 0 to 18446744073709551615, got \"60s\"",
+            ),
+            (
+                "[hook]\ntimeout_seconds = -5",
+                "expected a whole number from 0 to 18446744073709551615, got -5",
+            ),
+        ] {
+            let e = parse(text).unwrap_err().to_string();
+            assert!(e.contains(said), "{text}: {e}");
+            assert!(
+                !e.contains("expected u") && !e.contains("expected i"),
+                "{text}: {e}"
+            );
+            // TOML's location names the key.
+            let key = text.rsplit_once('\n').unwrap().1.split(' ').next().unwrap();
+            assert!(e.contains(key), "{text}: {e}");
+            assert!(!e.contains('\n'), "{text}: {e}");
+        }
+        // Numbers that fit still get their key's own range check.
+        let e = parse("[limits]\nmax_active_thread_percentage = 0")
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("limits.max_active_thread_percentage"), "{e}");
+        assert_eq!(
+            parse("[daemon]\nidle_grace_seconds = 90")
+                .unwrap()
+                .idle_grace_seconds,
+            90
+        );
     }
 
     #[test]

@@ -5,13 +5,37 @@
 
 use thiserror::Error;
 
+/// The suffixes [`parse_bytes`] accepts and what each multiplies by: the one list both the
+/// parser and its messages use. An exponent (`4e9`) is accepted too.
+const SUFFIXES: [(&str, u128); 10] = [
+    ("Ki", 1 << 10),
+    ("Mi", 1 << 20),
+    ("Gi", 1 << 30),
+    ("Ti", 1 << 40),
+    ("Pi", 1 << 50),
+    ("k", 1_000),
+    ("M", 1_000_000),
+    ("G", 1_000_000_000),
+    ("T", 1_000_000_000_000),
+    ("P", 1_000_000_000_000_000),
+];
+
+/// `Ki, Mi, ..., P`: what an operator may write after the number, for the messages.
+fn suffix_list() -> String {
+    SUFFIXES.map(|(suffix, _)| suffix).join(", ")
+}
+
 #[derive(Debug, Error, PartialEq, Eq)]
 pub enum QuantityError {
     #[error(
-        "{value:?} is not a quantity: expected a number with an optional suffix (Ki, Mi, Gi, Ti, k, M, G, T), e.g. 4Gi"
+        "{value:?} is not a quantity: expected a number with an optional suffix ({}) or exponent (e9), e.g. 4Gi",
+        suffix_list()
     )]
     Malformed { value: String },
-    #[error("{value:?} has unknown suffix {suffix:?}: allowed are Ki, Mi, Gi, Ti, Pi, k, M, G, T, P")]
+    #[error(
+        "{value:?} has unknown suffix {suffix:?}: allowed are {}, or an exponent such as e9",
+        suffix_list()
+    )]
     UnknownSuffix { value: String, suffix: String },
     #[error("{value:?} is too large: a quantity is at most {} bytes (2^64 - 1)", u64::MAX)]
     Overflow { value: String },
@@ -36,25 +60,22 @@ pub fn parse_bytes(value: &str) -> Result<u64, QuantityError> {
     {
         return Err(malformed());
     }
-    let multiplier: u128 = match suffix {
-        "" => 1,
-        "Ki" => 1 << 10,
-        "Mi" => 1 << 20,
-        "Gi" => 1 << 30,
-        "Ti" => 1 << 40,
-        "Pi" => 1 << 50,
-        "k" => 1_000,
-        "M" => 1_000_000,
-        "G" => 1_000_000_000,
-        "T" => 1_000_000_000_000,
-        "P" => 1_000_000_000_000_000,
-        s if s.starts_with(['e', 'E']) && s.len() > 1 && s[1..].chars().all(|c| c.is_ascii_digit()) => {
+    let listed = SUFFIXES
+        .iter()
+        .find(|(name, _)| *name == suffix)
+        .map(|(_, size)| *size);
+    let multiplier: u128 = match (suffix, listed) {
+        ("", _) => 1,
+        (_, Some(size)) => size,
+        (s, None)
+            if s.starts_with(['e', 'E']) && s.len() > 1 && s[1..].chars().all(|c| c.is_ascii_digit()) =>
+        {
             let exp: u32 = s[1..].parse().map_err(|_| malformed())?;
             10u128.checked_pow(exp).ok_or_else(|| QuantityError::Overflow {
                 value: value.to_string(),
             })?
         }
-        s => {
+        (s, None) => {
             return Err(QuantityError::UnknownSuffix {
                 value: value.to_string(),
                 suffix: s.to_string(),
@@ -103,6 +124,37 @@ pub fn format_bytes(bytes: u64) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn both_messages_list_every_suffix_the_parser_accepts() {
+        let malformed = parse_bytes("lots").unwrap_err().to_string();
+        let unknown = parse_bytes("4GB").unwrap_err().to_string();
+        for (suffix, size) in SUFFIXES {
+            // Accepted...
+            assert_eq!(
+                u128::from(parse_bytes(&format!("2{suffix}")).unwrap()),
+                2 * size,
+                "{suffix}"
+            );
+            // ...and named in both messages.
+            for message in [&malformed, &unknown] {
+                assert!(
+                    message.split(['(', ')', ',', ' ']).any(|word| word == suffix),
+                    "{suffix} missing from {message}"
+                );
+            }
+        }
+        assert_eq!(parse_bytes("4e9"), Ok(4_000_000_000));
+        assert!(malformed.contains("exponent (e9)") && unknown.contains("exponent such as e9"));
+        assert_eq!(
+            unknown,
+            "\"4GB\" has unknown suffix \"GB\": allowed are Ki, Mi, Gi, Ti, Pi, k, M, G, T, P, or an exponent such as e9"
+        );
+        assert_eq!(
+            malformed,
+            "\"lots\" is not a quantity: expected a number with an optional suffix (Ki, Mi, Gi, Ti, Pi, k, M, G, T, P) or exponent (e9), e.g. 4Gi"
+        );
+    }
 
     #[test]
     fn parses_kubernetes_quantities() {

@@ -146,6 +146,9 @@ pub enum RequestError {
         container_hint: String,
         config_key: &'static str,
     },
+    /// A key under gpu-mps.io/ that gpu-mps does not read (a typo, most likely).
+    #[error("{0}")]
+    UnknownKey(annotations::UnknownKey),
     #[error("{} gpu-mps annotations are invalid: {}", .0.len(), join_errors(.0))]
     SeveralInvalid(Vec<RequestError>),
     #[error("{0}")]
@@ -175,11 +178,15 @@ fn join_errors(errors: &[RequestError]) -> String {
 /// ones), before anything of the node is read: a bad value is the pod's to fix whatever state the
 /// node is in, and the pod learns of every bad one at once. Under a device plugin allocation the
 /// memory comes from the units, so a memory-limit annotation is not read (nor checked).
+/// A key in gpu-mps's domain that it does not read is refused, whichever container it names.
 pub fn check_annotations(
     annotations: &HashMap<String, String>,
     container_name: &str,
 ) -> Result<(), RequestError> {
-    let mut errors = Vec::new();
+    let mut errors: Vec<RequestError> = annotations::unknown_keys(annotations.keys())
+        .into_iter()
+        .map(RequestError::UnknownKey)
+        .collect();
     if !annotations.contains_key(ALLOCATED_UNITS) {
         check_field(&MEMORY, annotations, container_name, &mut errors);
     }
@@ -493,6 +500,37 @@ mod tests {
     }
 
     #[test]
+    fn an_unknown_key_is_refused_with_the_nearest_known_one() {
+        let e = check_annotations(&annotations(&[("gpu-mps.io/memry-limit", "16Gi")]), "infer")
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.starts_with(
+                "unknown annotation gpu-mps.io/memry-limit (did you mean gpu-mps.io/memory-limit?): "
+            ),
+            "{e}"
+        );
+        // Another container's misspelled key too, and with a bad value: every one at once.
+        let a = annotations(&[
+            ("sidecar.gpu-mps.io/memory-limt", "1Gi"),
+            (ACTIVE_THREAD_PERCENTAGE, "abc"),
+        ]);
+        let e = check_annotations(&a, "infer").unwrap_err().to_string();
+        assert!(e.starts_with("2 gpu-mps annotations are invalid: "), "{e}");
+        assert!(
+            e.contains("unknown annotation sidecar.gpu-mps.io/memory-limt (did you mean sidecar.gpu-mps.io/memory-limit?)"),
+            "{e}"
+        );
+        assert!(!e.contains('\n'), "{e}");
+        // Also under a device plugin allocation, where memory-limit itself is not read.
+        let a = annotations(&[(ALLOCATED_UNITS, "0,1"), ("gpu-mps.io/cuda-processess", "2")]);
+        assert!(matches!(
+            check_annotations(&a, "infer"),
+            Err(RequestError::UnknownKey(_))
+        ));
+    }
+
+    #[test]
     fn allocated_units_set_the_memory_over_any_annotation() {
         let a = annotations(&[(MEMORY_LIMIT, "64Gi"), ("infer.gpu-mps.io/memory-limit", "32Gi")]);
         let r = resolve_allocated_limits(&a, "infer", rules(None), allocated(8)).unwrap();
@@ -726,7 +764,7 @@ mod tests {
         assert_eq!(
             e.to_string(),
             "annotation gpu-mps.io/memory-limit=\"4GB\": \"4GB\" has unknown suffix \"GB\": \
-             allowed are Ki, Mi, Gi, Ti, Pi, k, M, G, T, P (set it on the pod)"
+             allowed are Ki, Mi, Gi, Ti, Pi, k, M, G, T, P, or an exponent such as e9 (set it on the pod)"
         );
     }
 
