@@ -509,7 +509,20 @@ fn mps_stall_holds_the_one_connection_the_fake_serves() {
             &pipe,
         )
     });
-    std::thread::sleep(Duration::from_millis(500));
+    // The stall's first connection must be the one the fake serves before the CLI asks: wait
+    // until the fake has accepted it (an accepted socket carries the listener's path in
+    // /proc/net/unix, in state connected), not a fixed time that a loaded machine outruns.
+    let control = fake.pipe.join("control");
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while accepted_connections(&control) == 0 {
+        assert!(
+            Instant::now() < deadline,
+            "the stall never connected to {}",
+            control.display()
+        );
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    std::thread::sleep(Duration::from_millis(100));
     let asked = Instant::now();
     assert_eq!(fake.cli("get_server_list"), "");
     let waited = asked.elapsed();
@@ -659,4 +672,18 @@ fn mps_raw_sends_credentials_and_the_kind() {
     assert_eq!(r.replies.len(), 1, "{r}");
     assert_eq!((r.replies[0].hex.as_str(), r.replies[0].descriptors), ("0102", 0));
     assert!(r.closed, "{r}");
+}
+
+/// How many connections to the unix socket at `path` have been accepted and are open: lines of
+/// /proc/net/unix in state 03 (connected) that carry the path.
+fn accepted_connections(path: &std::path::Path) -> usize {
+    let path = path.to_string_lossy();
+    std::fs::read_to_string("/proc/net/unix")
+        .unwrap_or_default()
+        .lines()
+        .filter(|l| {
+            let f: Vec<&str> = l.split_whitespace().collect();
+            f.len() >= 8 && f[5] == "03" && f[7] == path
+        })
+        .count()
 }
