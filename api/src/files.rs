@@ -118,6 +118,27 @@ pub fn create_dirs(path: &Path, mode: u32) -> io::Result<()> {
     Ok(())
 }
 
+/// Mode of the state root (`/run/gpu-mps`) and of every directory under it except the gate dirs:
+/// root only. MPS makes a daemon's `control` 0666 and the gates' sockets are 0666 for containers
+/// of any uid, so these directories are what keeps host users from every daemon and gate.
+pub const PRIVATE_DIR_MODE: u32 = 0o700;
+
+/// Mode of a container's gate dir (`<root>/gates/<name>`). It is the root of the container's
+/// `/tmp/nvidia-mps` bind mount, which the container's processes (of any uid) traverse; path
+/// resolution inside the container starts at the mount and never walks the host's parents,
+/// whose [`PRIVATE_DIR_MODE`] keeps host users out.
+pub const GATE_DIR_MODE: u32 = 0o755;
+
+/// `mkdir -p path` where every missing ancestor gets [`PRIVATE_DIR_MODE`] and `path` itself, if
+/// missing, `mode`, whatever the umask. Existing directories are left as they are (the manager
+/// checks and narrows its tree when it starts); a concurrent creator is not an error.
+pub fn create_dir_in_private_parents(path: &Path, mode: u32) -> io::Result<()> {
+    if let Some(parent) = path.parent().filter(|p| !p.as_os_str().is_empty()) {
+        create_dirs(parent, PRIVATE_DIR_MODE)?;
+    }
+    create_dirs(path, mode)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -169,5 +190,18 @@ mod tests {
         }
         create_dirs(&deep, 0o700).unwrap();
         assert_eq!(mode_of(&deep), 0o755, "existing directories are left alone");
+    }
+
+    #[test]
+    fn a_leaf_in_private_parents_gets_its_own_mode() {
+        let dir = tempfile::tempdir().unwrap();
+        let gate = dir.path().join("root/gates/0123");
+        create_dir_in_private_parents(&gate, GATE_DIR_MODE).unwrap();
+        assert_eq!(mode_of(&dir.path().join("root")), 0o700);
+        assert_eq!(mode_of(&dir.path().join("root/gates")), 0o700);
+        assert_eq!(mode_of(&gate), 0o755);
+        let other = dir.path().join("root/gates/4567");
+        create_dir_in_private_parents(&other, GATE_DIR_MODE).unwrap();
+        assert_eq!(mode_of(&other), 0o755);
     }
 }

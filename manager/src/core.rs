@@ -77,6 +77,8 @@ pub enum ManagerError {
     Gate(#[from] GateError),
     #[error("{0}")]
     Limits(#[from] crate::gate::daemon_admission::SetLimitsError),
+    #[error("{0}")]
+    StateRoot(#[from] crate::state_root::StateRootError),
     #[error("{context}: {source}")]
     Io { context: String, source: std::io::Error },
 }
@@ -318,8 +320,11 @@ impl ManagerCore {
         backend: Arc<dyn GpuBackend>,
         options: StartOptions,
     ) -> Result<Self, ManagerError> {
-        make_dir(&config.root, 0o755)?;
-        make_dir(&config.root.join("daemons"), 0o755)?;
+        // Before anything under the root is trusted: what an earlier version left (0755) is
+        // narrowed, what others could write is refused (state_root.rs).
+        for n in crate::state_root::secure_tree(&config.root)? {
+            warn!(path = %n.path.display(), from = format_args!("{:04o}", n.from), to = format_args!("{:04o}", n.to), "narrowed a directory of the state root: host users must reach no gate and no MPS daemon");
+        }
         let inventory = backend.inventory()?;
         for g in &inventory.gpus {
             info!(index = g.index, uuid = %g.uuid, name = %g.name, memory = g.memory_bytes, compute_mode = %g.compute_mode, mig = g.mig_enabled, "GPU");
@@ -456,10 +461,14 @@ fn gate_target(config: &NodeConfig, id: &ContainerId, lease: &LeaseRecord) -> Ga
     }
 }
 
-fn make_dir(path: &Path, mode: u32) -> Result<(), ManagerError> {
+/// A directory of a daemon (its dir, pipe dir, log dir): 0700, also when it existed. Only the
+/// manager's gates reach a daemon; MPS makes its `control` 0666, so this mode is what keeps host
+/// users (and their CUDA processes, which would bypass every gate) away from it.
+fn make_private_dir(path: &Path) -> Result<(), ManagerError> {
     use std::os::unix::fs::PermissionsExt;
-    files::create_dirs(path, mode).map_err(io_err(format!("creating {}", path.display())))?;
-    // Also when it existed: non-root clients must traverse every directory on the pipe path.
+    let mode = files::PRIVATE_DIR_MODE;
+    files::create_dir_in_private_parents(path, mode)
+        .map_err(io_err(format!("creating {}", path.display())))?;
     std::fs::set_permissions(path, std::fs::Permissions::from_mode(mode))
         .map_err(io_err(format!("setting the mode of {}", path.display())))
 }

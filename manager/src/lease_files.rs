@@ -55,9 +55,11 @@ impl LeaseFiles {
     /// starts again from what it knows was written.
     pub fn sync(&mut self, leases: &BTreeMap<String, LeaseRecord>) -> Result<(), LeaseFilesError> {
         if !self.listed {
-            std::fs::create_dir_all(&self.dir).map_err(|source| LeaseFilesError::Write {
-                path: self.dir.clone(),
-                source,
+            files::create_dir_in_private_parents(&self.dir, files::PRIVATE_DIR_MODE).map_err(|source| {
+                LeaseFilesError::Write {
+                    path: self.dir.clone(),
+                    source,
+                }
             })?;
             for (id, path) in list(&self.dir)? {
                 if !leases.contains_key(&id) {

@@ -18,3 +18,4 @@ pub mod node_guard;
 pub mod process_identity;
 pub mod server;
 pub mod state;
+pub mod state_root;

@@ -21,6 +21,8 @@ pub enum GuardError {
     AlreadyRunning { root: PathBuf, pid: String },
     #[error("{context}: {source}")]
     Io { context: String, source: std::io::Error },
+    #[error(transparent)]
+    Root(#[from] crate::state_root::StateRootError),
 }
 
 /// Held for the manager's lifetime; the kernel releases it when the process ends, also on
@@ -31,10 +33,13 @@ pub struct RootLock {
 }
 
 /// Takes the root's lock, or says which manager holds it. Two managers on one root would both
-/// start daemons and write the state: the second must not touch anything.
+/// start daemons and write the state: the second must not touch anything. The root is made
+/// 0700 first, or refused when another uid owns it or others can write it (state_root.rs).
 pub fn lock_root(root: &Path) -> Result<RootLock, GuardError> {
     let io = |context: String| move |source| GuardError::Io { context, source };
-    gpu_mps_api::files::create_dirs(root, 0o755).map_err(io(format!("creating {}", root.display())))?;
+    if let Some(n) = crate::state_root::claim_root(root)? {
+        tracing::warn!(path = %n.path.display(), from = format_args!("{:04o}", n.from), to = format_args!("{:04o}", n.to), "narrowed the state root: host users must reach no gate and no MPS daemon");
+    }
     let path = root.join(LOCK_FILE);
     let file = OpenOptions::new()
         .read(true)

@@ -121,7 +121,7 @@ install_node_config() {
 if [ "$mode" = install ]; then
     install_binaries
     install_node_config
-    install -d -m 0755 "$host$(state_root)"
+    install -d -m 0700 "$host$(state_root)"
     register "$prefix/bin/gpu-mps" install-containerd
     exit 0
 fi

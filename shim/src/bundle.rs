@@ -14,8 +14,6 @@ pub const CONFIG_FILE: &str = "config.json";
 /// pod's annotations at 256 KiB together); anything near this is not a spec a runtime wrote,
 /// and the shim, which parses it whole, must not take the node's memory for it.
 pub const MAX_CONFIG_BYTES: u64 = 16 << 20;
-/// Mode of each pipe dir component the shim creates: non-root clients must traverse it.
-pub const PIPE_DIR_MODE: u32 = 0o755;
 
 #[derive(Debug, Error)]
 pub enum BundleError {
@@ -73,9 +71,11 @@ pub fn write_config_atomically(bundle: &Path, text: &str) -> Result<(), BundleEr
         .map_err(|source| BundleError::Write { path, source })
 }
 
-/// `mkdir -p` with mode 0755 on each component it creates, whatever the umask.
+/// `mkdir -p` of the container's gate dir, whatever the umask: the gate dir 0755 (the root of
+/// the container's /tmp/nvidia-mps, which its processes of any uid traverse), each missing
+/// parent (the state root, `gates`) 0700, so that host users reach no gate.
 pub fn create_pipe_dir(path: &Path) -> Result<(), BundleError> {
-    files::create_dirs(path, PIPE_DIR_MODE).map_err(|source| BundleError::PipeDir {
+    files::create_dir_in_private_parents(path, files::GATE_DIR_MODE).map_err(|source| BundleError::PipeDir {
         path: path.to_path_buf(),
         source,
     })
@@ -165,21 +165,20 @@ mod tests {
     }
 
     #[test]
-    fn pipe_dir_components_are_0755() {
+    fn the_gate_dir_is_0755_under_0700_parents() {
         let dir = tempfile::tempdir().unwrap();
-        fs::set_permissions(dir.path(), fs::Permissions::from_mode(0o700)).unwrap();
-        let pipe = dir.path().join("root/daemons/GPU-a/pipe");
-        create_pipe_dir(&pipe).unwrap();
-        for p in [
-            "root",
-            "root/daemons",
-            "root/daemons/GPU-a",
-            "root/daemons/GPU-a/pipe",
+        fs::set_permissions(dir.path(), fs::Permissions::from_mode(0o750)).unwrap();
+        let gate = dir.path().join("root/gates/0123456789abcdef");
+        create_pipe_dir(&gate).unwrap();
+        for (p, wanted) in [
+            ("root", 0o700),
+            ("root/gates", 0o700),
+            ("root/gates/0123456789abcdef", 0o755),
         ] {
-            assert_eq!(mode(&dir.path().join(p)), 0o755, "{p}");
+            assert_eq!(mode(&dir.path().join(p)), wanted, "{p}");
         }
-        assert_eq!(mode(dir.path()), 0o700, "existing components are left alone");
-        create_pipe_dir(&pipe).unwrap();
+        assert_eq!(mode(dir.path()), 0o750, "existing components are left alone");
+        create_pipe_dir(&gate).unwrap();
     }
 
     #[test]

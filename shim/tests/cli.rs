@@ -504,9 +504,13 @@ fn pipe_dir_and_config_modes_do_not_depend_on_the_umask() {
     ]);
     let out = spawn(cmd);
     assert!(out.status.success(), "{}", stderr(&out));
-    let mut dir = f.gate_dir(CREATED_ID);
+    // The gate dir 0755 (the container's /tmp/nvidia-mps), its parents 0700 (no host user
+    // reaches a gate).
+    let gate = f.gate_dir(CREATED_ID);
+    assert_eq!(mode(&gate), 0o755, "{}", gate.display());
+    let mut dir = gate.parent().unwrap().to_path_buf();
     while dir != f.root() {
-        assert_eq!(mode(&dir), 0o755, "{}", dir.display());
+        assert_eq!(mode(&dir), 0o700, "{}", dir.display());
         dir.pop();
     }
     assert_eq!(mode(&f.config_json()), 0o644);

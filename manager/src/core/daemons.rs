@@ -10,7 +10,7 @@ use gpu_mps_api::{DaemonKey, Limits};
 use tokio::sync::{Mutex as AsyncMutex, OwnedMutexGuard};
 use tracing::{error, info, warn};
 
-use super::{ManagerCore, ManagerError, SERVER_LOG, START_SERVER, make_dir, now_unix};
+use super::{ManagerCore, ManagerError, SERVER_LOG, START_SERVER, make_private_dir, now_unix};
 use crate::fault_watch::LogCursor;
 use crate::metrics::DaemonStart;
 use crate::mps_control::{self, ControlError};
@@ -63,9 +63,9 @@ impl ManagerCore {
                 warn!(daemon = %key, pid = dead.control.pid, "MPS control daemon is gone; starting a new one");
                 (dead.faults, dead.last_fault_unix)
             });
-            make_dir(&self.config.daemon_dir(key), 0o755)?;
-            make_dir(&pipe_dir, 0o755)?;
-            make_dir(&log_dir, 0o755)?;
+            make_private_dir(&self.config.daemon_dir(key))?;
+            make_private_dir(&pipe_dir)?;
+            make_private_dir(&log_dir)?;
             let (control, adopted) =
                 self.start_or_adopt(key, &pipe_dir, &log_dir)
                     .await

@@ -235,7 +235,12 @@ impl Gates {
             None => {
                 // The shim created it for the container's mount; a missing one (a lease adopted
                 // after its dir was removed by hand) is recreated so the socket has a place.
-                gpu_mps_api::files::create_dirs(&target.gate_dir, 0o755).map_err(open_err)?;
+                // 0755: the root of the container's /tmp/nvidia-mps, under 0700 parents.
+                gpu_mps_api::files::create_dir_in_private_parents(
+                    &target.gate_dir,
+                    gpu_mps_api::files::GATE_DIR_MODE,
+                )
+                .map_err(open_err)?;
                 let listener = seqpacket::bind_gate_socket(&target.gate_dir, mps_control::CONTROL_SOCKET)
                     .map_err(open_err)?;
                 if let Some(store) = &self.store {

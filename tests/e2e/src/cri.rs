@@ -106,6 +106,9 @@ pub struct ContainerSpec {
     pub cdi_devices: Vec<String>,
     /// `securityContext.privileged`.
     pub privileged: bool,
+    /// `securityContext.runAsUser`: the uid of the container's processes (the image's user
+    /// when unset).
+    pub run_as_user: Option<i64>,
 }
 
 impl ContainerSpec {
@@ -134,6 +137,12 @@ impl ContainerSpec {
 
     pub fn annotation(mut self, key: &str, value: &str) -> ContainerSpec {
         self.annotations.insert(key.into(), value.into());
+        self
+    }
+
+    /// `securityContext.runAsUser: uid`.
+    pub fn run_as_user(mut self, uid: i64) -> ContainerSpec {
+        self.run_as_user = Some(uid);
         self
     }
 
@@ -336,6 +345,7 @@ impl CriClient {
                 security_context: Some(cri::LinuxContainerSecurityContext {
                     namespace_options: Some(namespaces(pod.spec.host_pid)),
                     privileged: spec.privileged,
+                    run_as_user: spec.run_as_user.map(|value| cri::Int64Value { value }),
                     ..Default::default()
                 }),
                 ..Default::default()

@@ -13,6 +13,7 @@ pub mod cri;
 pub mod ctr;
 pub mod device_nodes;
 pub mod diagnostics;
+pub mod host_user;
 pub mod image;
 pub mod kubelet;
 pub mod manager;
