@@ -274,6 +274,9 @@ log "H11: a non-root host user (uid 65534) against the gates and daemons of runn
 stop_manager; write_config exact; start_manager h11 || exit 1
 run_ctr h11-pod gpu-mps 4Gi 25 -- $BENCH fill --mib 2048 --chunk-mib 64 --seconds 10 --tag h11 &
 P=$!
+# A pod whose process runs as uid 1000: the modes that shut host users out must not shut it out.
+CTR_USER=1000:1000 run_ctr h11-nonroot gpu-mps 4Gi 25 -- "$CHECK" --alloc-mib 3300 --alloc-mib 4700 --tag nonroot &
+P2=$!
 sleep 5
 paths=$(ls -d /run/gpu-mps-test/gates/*/control /run/gpu-mps-test/daemons/*/pipe/control 2>/dev/null | tr '\n' ' ')
 probe=$(setpriv --reuid 65534 --regid 65534 --clear-groups python3 -c '
@@ -290,8 +293,11 @@ for path in sys.argv[1:]:
 print(" ".join(out))
 ' $paths 2>&1 | sed 's|/run/gpu-mps-test|<root>|g')
 modes=$(stat -c '%n=%a:%U' /run/gpu-mps-test /run/gpu-mps-test/gates /run/gpu-mps-test/daemons 2>/dev/null | sed 's|/run/gpu-mps-test|<root>|g' | tr '\n' ' ')
-wait $P
+wait $P $P2
 load_ok=$(jget "$(last_json "$D/h11-pod.out")" "d.get('ok')")
+check H11.nonroot-pod "a pod running as uid 1000 still reaches its gate and is held to its 4Gi / 25 %" \
+    "$(f "$(last_json "$D/h11-nonroot.out")")" 'held4 h11-nonroot'
+
 check H11.host-user "uid 65534 on the host reaches no gate and no daemon's control socket while a pod runs (every connect refused)" \
     "$probe; modes: $modes; pod ok=$load_ok" \
     '[ -n "$probe" ] && ! grep -q CONNECTED <<<"$probe" && grep -q "gates/" <<<"$probe" && grep -q "pipe/control" <<<"$probe" && [ "$load_ok" = True ]'

@@ -132,7 +132,8 @@ DEVS=$(nvidia_device_flags)
 MNTS=$(host_userland_flags "$W/rootfs-base")
 N=0
 # run_ctr <name> <runtime: gpu-mps|runc> <mem|-> <threads|-> -- <command...>; output in $OUT/<name>.out
-# CTR_ANNOTATIONS="k=v ..." adds annotations, CTR_MOUNTS="<host dir> ..." read-only bind mounts.
+# CTR_ANNOTATIONS="k=v ..." adds annotations, CTR_MOUNTS="<host dir> ..." read-only bind mounts,
+# CTR_USER=uid:gid runs the container's process as that user.
 run_ctr() {
     local name=$1 rt=$2 mem=$3 thr=$4; shift 5
     N=$((N + 1))
@@ -145,6 +146,7 @@ run_ctr() {
         [ "$thr" != - ] && extra+=(--annotation "gpu-mps.io/active-thread-percentage=$thr")
     fi
     local a
+    [ -n "${CTR_USER:-}" ] && extra+=(--user "$CTR_USER")
     for a in ${CTR_ANNOTATIONS:-}; do extra+=(--annotation "$a"); done
     for a in ${CTR_MOUNTS:-}; do
         mkdir -p "$rootfs$a"
