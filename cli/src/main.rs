@@ -150,6 +150,10 @@ struct DoctorArgs {
         default_value = "/etc/cdi,/var/run/cdi"
     )]
     cdi_dirs: Vec<PathBuf>,
+    /// containerd's socket, as kubelet's --container-runtime-endpoint names it: the containerd
+    /// serving it is the one whose config is checked against the file's.
+    #[arg(long = "containerd-socket", default_value = doctor::CONTAINERD_SOCKET)]
+    containerd_socket: PathBuf,
     /// The checks as JSON: {"ok": bool, "checks": [{"check", "status", "found", "fix"}]}.
     #[arg(long)]
     json: bool,
@@ -165,6 +169,7 @@ fn doctor(args: &Args, d: &DoctorArgs) -> anyhow::Result<ExitCode> {
         shim: d.shim.clone(),
         containerd: d.containerd.clone(),
         cdi_dirs: d.cdi_dirs.clone(),
+        containerd_socket: d.containerd_socket.clone(),
     });
     let report = doctor::diagnose(&facts);
     if d.json {
