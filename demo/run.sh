@@ -114,9 +114,21 @@ for c in small-a small-b; do echo "$c saw: $(grep -E '^\{' "$W/$c.out" | tail -n
 $REAL || echo "(threads and mem above are what the SIMULATED MPS server hands each client)"
 
 say "3. once they are gone"
-sleep 5
-say "after the idle grace period (3 s), the daemon is stopped"
+echo "the containers have exited and released their leases; the GPU's daemon idles:"
 "$B/gpu-mps" daemons
+# The manager stops a daemon without leases after the idle grace period (3 s in this config):
+# wait for that, bounded, and say what happened (an empty table would show only its header).
+waited=0
+until [ "$("$B/gpu-mps" daemons --json | tr -d ' \n')" = "[]" ] || [ $waited -ge 20 ]; do
+    sleep 1
+    waited=$((waited + 1))
+done
+if [ "$("$B/gpu-mps" daemons --json | tr -d ' \n')" = "[]" ]; then
+    echo "after the idle grace period (3 s; gone within ${waited} s of the check): no MPS daemon runs any more (gpu-mps daemons lists none)"
+else
+    echo "the daemon still runs ${waited} s later, past the idle grace period (3 s):"
+    "$B/gpu-mps" daemons
+fi
 echo
 echo "inside a container: CUDA_MPS_* env, /tmp/nvidia-mps read-only, nvidia-smi masked; see"
 echo "  gpu-mps explain <bundle>   and docs/internals.md"

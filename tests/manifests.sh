@@ -153,4 +153,32 @@ must_fail "the chart with another image against the kustomization" "different: \
 must_fail "a misspelled chart value (image.tagg)" "tagg" \
     check helm-render packaging/helm/gpu-mps "$work/typo.yaml" image.tagg=1
 
+# --- the switches (issue 22): RESTART_CONTAINERD and the device plugin, the same in kustomize
+# (components/) and Helm (values), each checked by what it renders and against the other ---
+cp -r packaging/kubernetes "$work/base"
+mkdir -p "$work/switched"
+cat >"$work/switched/kustomization.yaml" <<'YAML'
+apiVersion: kustomize.config.k8s.io/v1beta1
+kind: Kustomization
+resources:
+- ../base
+components:
+- ../base/components/restart-containerd
+- ../base/components/no-device-plugin
+YAML
+"$kubectl" kustomize "$work/switched" >"$work/switched.yaml"
+check validate "$work/switched.yaml"
+grep -A1 -- '- name: RESTART_CONTAINERD' "$work/kustomize.yaml" | grep -q 'value: "false"' \
+    || die "packaging/kubernetes: RESTART_CONTAINERD is not \"false\" by default"
+grep -A1 -- '- name: RESTART_CONTAINERD' "$work/switched.yaml" | grep -q 'value: "true"' \
+    || die "components/restart-containerd does not set RESTART_CONTAINERD to \"true\""
+grep -q -- ' name: device-plugin$' "$work/kustomize.yaml" || die "packaging/kubernetes has no device-plugin container"
+if grep -q -- ' name: device-plugin$' "$work/switched.yaml"; then die "components/no-device-plugin left the device-plugin container"; fi
+check helm-render packaging/helm/gpu-mps "$work/helm-switched.yaml" restartContainerd=true,devicePlugin=false
+check same "$work/switched.yaml" "$work/helm-switched.yaml"
+must_fail "the switched chart against the default kustomization" "different: \['DaemonSet/" \
+    check same "$work/kustomize.yaml" "$work/helm-switched.yaml"
+must_fail "a misspelled switch (restartContainerD)" "restartContainerD" \
+    check helm-render packaging/helm/gpu-mps "$work/typo-switch.yaml" restartContainerD=true
+
 echo "manifests: all checks passed in $((SECONDS - start)) s"

@@ -154,6 +154,10 @@ struct DoctorArgs {
     /// elsewhere).
     #[arg(long, hide = true, default_value = doctor::HOST_MPS_DIR)]
     host_mps_dir: PathBuf,
+    /// containerd's socket, as kubelet's --container-runtime-endpoint names it: the containerd
+    /// serving it is the one whose config is checked against the file's.
+    #[arg(long = "containerd-socket", default_value = doctor::CONTAINERD_SOCKET)]
+    containerd_socket: PathBuf,
     /// The checks as JSON: {"ok": bool, "checks": [{"check", "status", "found", "fix"}]}.
     #[arg(long)]
     json: bool,
@@ -170,6 +174,7 @@ fn doctor(args: &Args, d: &DoctorArgs) -> anyhow::Result<ExitCode> {
         containerd: d.containerd.clone(),
         cdi_dirs: d.cdi_dirs.clone(),
         host_mps_dir: d.host_mps_dir.clone(),
+        containerd_socket: d.containerd_socket.clone(),
     });
     let report = doctor::diagnose(&facts);
     if d.json {

@@ -90,6 +90,13 @@ impl Node {
             self.path("cdi").display().to_string(),
         ];
         args.extend(self.containerd_args(containerd));
+        // The node's containerd is the one serving this socket (a private one in these tests).
+        if !extra.contains(&"--containerd-socket") {
+            args.extend([
+                "--containerd-socket".into(),
+                self.path("containerd.sock").display().to_string(),
+            ]);
+        }
         args.extend(extra.iter().map(|a| a.to_string()));
         self.gpu_mps(&args)
     }
@@ -342,7 +349,8 @@ fn a_containerd_that_started_before_the_registration_needs_a_restart() {
     let pid = child.id();
     let _running = RunningContainerd(child);
     let started = std::time::Instant::now();
-    while !socket.exists() {
+    // Bound is not yet listening: wait until a connect is accepted, as doctor's is.
+    while std::os::unix::net::UnixStream::connect(&socket).is_err() {
         assert!(
             started.elapsed() < std::time::Duration::from_secs(20),
             "containerd did not serve: {}",
@@ -354,8 +362,24 @@ fn a_containerd_that_started_before_the_registration_needs_a_restart() {
     assert!(
         line.starts_with("PASS containerd")
             && line.contains(&format!(
-                "(running as pid {pid}, started after its config last changed)"
+                "(running as pid {pid}, started after its config last changed; it serves {} with --config {})",
+                socket.display(),
+                node.path("containerd.toml").display()
             )),
+        "{line}"
+    );
+    // A containerd that reads the same config but serves another socket is not the node's: with
+    // the node's socket unserved, doctor says none runs and names no pid.
+    let unserved = node.path("node-containerd.sock");
+    let unserved_arg = unserved.to_str().expect("utf-8 path");
+    let line = line_of(
+        &stdout(&node.doctor(&containerd, &["--containerd-socket", unserved_arg])),
+        "containerd",
+    );
+    assert!(
+        line.starts_with("PASS containerd")
+            && line.contains("(containerd is not running: it reads this when it starts)")
+            && !line.contains(&pid.to_string()),
         "{line}"
     );
 
@@ -368,9 +392,10 @@ fn a_containerd_that_started_before_the_registration_needs_a_restart() {
         .expect("touch");
     let line = line_of(&stdout(&node.doctor(&containerd, &[])), "containerd");
     assert!(
-        line.starts_with("WARN containerd")
+        line.starts_with("WARN containerd     containerd has not loaded the gpu-mps handler yet: ")
             && line.contains(&format!(
-                "the running containerd (pid {pid}) started before {} last changed",
+                "the running containerd (pid {pid}, serving {}) started before {} last changed",
+                socket.display(),
                 node.path("containerd.toml").display()
             ))
             && line.ends_with(

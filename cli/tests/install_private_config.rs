@@ -44,6 +44,8 @@ fn a_private_config_gets_its_drop_in_next_to_it_and_uninstall_leaves_nothing() {
     let dir = tempfile::tempdir().expect("tempdir");
     let main = dir.path().join("config.toml");
     let main_arg = main.to_str().expect("utf-8 path");
+    // A private config must exist (a path that does not is refused: missing_paths below).
+    std::fs::write(&main, "version = 3\n").expect("write the private config");
     let containerd = sid_containerd();
     let containerd_arg = containerd.to_str().expect("utf-8 path");
     let drop_in = dir.path().join("conf.d/gpu-mps.toml");
@@ -83,10 +85,69 @@ fn a_private_config_gets_its_drop_in_next_to_it_and_uninstall_leaves_nothing() {
         ],
     );
     assert!(!out.contains("systemctl restart containerd"), "{out}");
+    assert_eq!(
+        std::fs::read_to_string(&main).expect("main config"),
+        "version = 3\n",
+        "uninstall puts the private config back as it was"
+    );
+    let left: Vec<_> = std::fs::read_dir(dir.path())
+        .expect("ls")
+        .filter_map(|e| e.ok())
+        .map(|e| e.file_name().to_string_lossy().into_owned())
+        .filter(|name| name != "config.toml" && !name.starts_with("config.toml.gpu-mps-backup."))
+        .collect();
+    assert!(left.is_empty(), "left behind: {left:?}");
+}
+
+/// `gpu-mps <args>`: its exit status, stdout and stderr.
+fn gpu_mps_status(dir: &Path, args: &[&str]) -> (bool, String, String) {
+    let out = Command::new(env!("CARGO_BIN_EXE_gpu-mps"))
+        .arg("--config")
+        .arg(dir.join("node.toml"))
+        .args(args)
+        .output()
+        .expect("run gpu-mps");
+    (
+        out.status.success(),
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
+
+#[test]
+fn missing_paths_are_refused_and_nothing_is_created() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let containerd = sid_containerd();
+    let containerd_arg = containerd.to_str().expect("utf-8 path");
+    // A typo of the file name, and a path whose directories do not exist.
+    for main in [
+        dir.path().join("config.tml"),
+        dir.path().join("no/such/dir/config.toml"),
+    ] {
+        let main_arg = main.to_str().expect("utf-8 path");
+        for command in ["install-containerd", "uninstall-containerd"] {
+            let (ok, stdout, stderr) = gpu_mps_status(
+                dir.path(),
+                &[
+                    command,
+                    "--containerd-config",
+                    main_arg,
+                    "--containerd",
+                    containerd_arg,
+                ],
+            );
+            assert!(!ok, "{command} {main_arg} must fail: {stdout}{stderr}");
+            assert!(
+                stderr.contains(&format!("{main_arg}: no such containerd config")),
+                "{command}: {stderr}"
+            );
+            assert!(!stdout.contains("already clean"), "{command}: {stdout}");
+        }
+    }
     let left: Vec<_> = std::fs::read_dir(dir.path())
         .expect("ls")
         .filter_map(|e| e.ok())
         .map(|e| e.file_name().to_string_lossy().into_owned())
         .collect();
-    assert!(left.is_empty(), "left behind: {left:?}");
+    assert!(left.is_empty(), "created: {left:?}");
 }

@@ -108,6 +108,14 @@ pub enum RegistrationError {
         "--chain-toolkit=yes: found {found}, but no nvidia-container-runtime to chain (no containerd runtime entry names one, none is in /usr/bin, /usr/local/bin, /usr/local/nvidia/toolkit or /usr/sbin): install the NVIDIA Container Toolkit, or rerun with --chain-toolkit=auto"
     )]
     NoToolkit { found: String },
+    #[error(
+        "{path}: no such containerd config: an explicit --containerd-config must exist (only containerd's default {MAIN_CONFIG} is created when absent, since containerd then runs on its built-in defaults); check the path, or create the file first"
+    )]
+    NoSuchConfig { path: PathBuf },
+    #[error(
+        "{path}: no such containerd config, so there is nothing to remove from it: check the path (containerd runs with the file its --config names, default {MAIN_CONFIG})"
+    )]
+    NoSuchConfigToClean { path: PathBuf },
     #[error("{binary}: {message}")]
     Containerd { binary: PathBuf, message: String },
     #[error("containerd's effective config (from {config}): {message}")]
@@ -272,6 +280,20 @@ fn push_node_config(plan: &mut InstallPlan, change: Option<FileChange>) -> bool 
     }
 }
 
+/// A main config that does not exist is containerd's "run on built-in defaults" only at its
+/// default path: any other path that does not exist is a typo (config.tml) or a directory that is
+/// not there, and writing it would register gpu-mps where no containerd looks.
+fn refuse_a_missing_explicit_config(
+    existing: &ExistingFiles,
+    opts: &InstallOptions,
+    error: impl FnOnce(PathBuf) -> RegistrationError,
+) -> Result<(), RegistrationError> {
+    if existing.main.is_none() && opts.main_config != Path::new(MAIN_CONFIG) {
+        return Err(error(opts.main_config.clone()));
+    }
+    Ok(())
+}
+
 /// Registers the runtime: plan, apply unless `dry_run`, then check containerd's effective config.
 /// `containerd`: the host's containerd binary (a host path); without it the placement rests on
 /// the main config's version, and nothing is verified.
@@ -285,6 +307,7 @@ pub fn install(
         opts.containerd_major = Some(containerd_version(&opts, binary)?.0);
     }
     let existing = ExistingFiles::read(&opts)?;
+    refuse_a_missing_explicit_config(&existing, &opts, |path| RegistrationError::NoSuchConfig { path })?;
     let mut plan = plan_install(&existing, &opts)?;
     let facts = gather_toolkit(&opts, containerd, existing.main.as_deref());
     let chain = plan_chain(existing.node_config.as_deref(), &facts, &opts)?;
@@ -339,6 +362,9 @@ pub fn uninstall(
     dry_run: bool,
 ) -> Result<Outcome, RegistrationError> {
     let existing = ExistingFiles::read(opts)?;
+    refuse_a_missing_explicit_config(&existing, opts, |path| RegistrationError::NoSuchConfigToClean {
+        path,
+    })?;
     let mut plan = plan_uninstall(&existing, opts)?;
     let node_config_changed =
         push_node_config(&mut plan, plan_unchain(existing.node_config.as_deref(), opts)?);
@@ -353,12 +379,12 @@ pub fn uninstall(
         });
     }
     let applied = apply(&plan)?;
-    let main_removed = plan
+    let drop_in_removed = plan
         .changes
         .iter()
-        .any(|c| matches!(c, FileChange::Remove { path, .. } if *path == opts.on_host(&opts.main_config)));
-    if main_removed {
-        // The conf.d install made for a config it created; kept if anything else is in it.
+        .any(|c| matches!(c, FileChange::Remove { path, .. } if *path == opts.on_host(&opts.drop_in)));
+    if drop_in_removed {
+        // The conf.d install made for the drop-in; kept if anything else is in it.
         if let Some(dir) = opts.on_host(&opts.drop_in).parent() {
             let _ = std::fs::remove_dir(dir);
         }
@@ -491,6 +517,33 @@ mod tests {
         assert!(!root.join("etc/containerd/config.toml").exists());
         assert!(!root.join("etc/containerd/conf.d").exists());
         assert!(!root.join("etc/gpu-mps").exists());
+    }
+
+    #[test]
+    fn a_missing_config_is_created_only_at_the_default_path() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let o = InstallOptions {
+            host_root: dir.path().into(),
+            main_config: "/etc/containerd/config.tml".into(),
+            ..opts(Some(2))
+        };
+        let e = install(&o, None, false).expect_err("a typo in the path");
+        assert!(matches!(e, RegistrationError::NoSuchConfig { .. }), "{e}");
+        assert!(
+            e.to_string()
+                .starts_with("/etc/containerd/config.tml: no such containerd config"),
+            "{e}"
+        );
+        let e = uninstall(&o, None, false).expect_err("nothing to clean");
+        assert!(matches!(e, RegistrationError::NoSuchConfigToClean { .. }), "{e}");
+        assert!(!dir.path().join("etc").exists());
+        // containerd's own default path runs on built-in defaults when absent: created.
+        let o = InstallOptions {
+            host_root: dir.path().into(),
+            ..opts(Some(2))
+        };
+        install(&o, None, false).expect("install at the default path");
+        assert!(dir.path().join("etc/containerd/config.toml").is_file());
     }
 
     #[test]

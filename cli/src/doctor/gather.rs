@@ -38,6 +38,8 @@ pub struct DoctorOptions {
     pub cdi_dirs: Vec<PathBuf>,
     /// The host dir the chained toolkit's legacy hook binds into containers.
     pub host_mps_dir: PathBuf,
+    /// The socket kubelet talks to containerd on: the containerd serving it is the node's.
+    pub containerd_socket: PathBuf,
 }
 
 /// The directories a node's binaries live in besides PATH (systemd gives services these).
@@ -114,7 +116,7 @@ fn gather_registration(o: &DoctorOptions) -> RegistrationFacts {
         binary_state: file_state(&binary),
         version: reg::containerd_version(&opts, &binary).ok(),
         dump: reg::dump_config(&opts, &binary).map_err(DoctorError::from),
-        running: running_containerd(&o.containerd_config),
+        running: running_containerd(&o.containerd_socket, &o.containerd_config),
         config_files: [&o.containerd_config, &o.drop_in]
             .into_iter()
             .filter_map(|p| Some((p.clone(), modified_unix(p)?)))
@@ -135,17 +137,6 @@ fn modified_unix(path: &Path) -> Option<i64> {
     i64::try_from(modified.duration_since(UNIX_EPOCH).ok()?.as_secs()).ok()
 }
 
-/// The pids of this host's processes (as this process sees /proc).
-fn pids() -> Vec<u32> {
-    fs::read_dir("/proc")
-        .map(|entries| {
-            entries
-                .filter_map(|e| e.ok()?.file_name().to_str()?.parse().ok())
-                .collect()
-        })
-        .unwrap_or_default()
-}
-
 fn cmdline(pid: u32) -> Vec<String> {
     fs::read(format!("/proc/{pid}/cmdline"))
         .map(|raw| {
@@ -157,20 +148,25 @@ fn cmdline(pid: u32) -> Vec<String> {
         .unwrap_or_default()
 }
 
-/// The running containerd that reads `main_config`, and when it started.
-fn running_containerd(main_config: &Path) -> Option<RunningContainerd> {
+/// The containerd serving `socket` (the node's, the one kubelet uses), found by the socket's
+/// peer credentials, so a test's private containerd or one in another mount namespace is never
+/// taken for it; with the config its command line names and when it started.
+fn running_containerd(socket: &Path, main_config: &Path) -> Option<RunningContainerd> {
+    use nix::sys::socket::{getsockopt, sockopt::PeerCredentials};
+    let stream = std::os::unix::net::UnixStream::connect(socket).ok()?;
+    let pid = u32::try_from(getsockopt(&stream, PeerCredentials).ok()?.pid()).ok()?;
+    let config = containerd_config_arg(&cmdline(pid));
     let same = |a: &Path, b: &Path| {
         a == b || (a.canonicalize().ok()).is_some_and(|a| Some(a) == b.canonicalize().ok())
     };
-    let pid = pids().into_iter().find(|pid| {
-        fs::read_to_string(format!("/proc/{pid}/comm")).is_ok_and(|c| c.trim() == "containerd")
-            && same(&containerd_config_arg(&cmdline(*pid)), main_config)
-    })?;
     let ticks = parse_start_ticks(&fs::read_to_string(format!("/proc/{pid}/stat")).ok()?)?;
     let boot = parse_boot_time(&fs::read_to_string("/proc/stat").ok()?)?;
     Some(RunningContainerd {
         pid,
         started_unix: boot + i64::try_from(ticks / USER_HZ).ok()?,
+        socket: socket.to_path_buf(),
+        reads_main_config: same(&config, main_config),
+        config,
     })
 }
 

@@ -43,8 +43,8 @@ pub use mps_binaries::MpsFacts;
 pub use node_config::{ConfigFacts, ConfigState};
 pub use nvml::NvmlProbe;
 pub use registration::{
-    ContainerdFacts, RegistrationFacts, RunningContainerd, containerd_config_arg, parse_boot_time,
-    parse_start_ticks,
+    CONTAINERD_SOCKET, ContainerdFacts, NOT_LOADED_YET, RegistrationFacts, RunningContainerd,
+    containerd_config_arg, parse_boot_time, parse_start_ticks,
 };
 pub use runc::RuncFacts;
 

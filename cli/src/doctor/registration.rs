@@ -34,9 +34,16 @@ pub struct ContainerdFacts {
     pub config_files: Vec<(PathBuf, i64)>,
 }
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+/// The node's containerd: the process serving containerd's socket (kubelet's endpoint).
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub struct RunningContainerd {
     pub pid: u32,
+    /// The socket it was found serving.
+    pub socket: PathBuf,
+    /// The config its command line names (`--config`/`-c`, else containerd's default).
+    pub config: PathBuf,
+    /// `config` is the main config doctor checks (the same file, links resolved).
+    pub reads_main_config: bool,
     /// Boot time plus the start in clock ticks after boot: both whole seconds in /proc, so up to
     /// [`START_TIME_SLACK`] early.
     pub started_unix: i64,
@@ -45,6 +52,13 @@ pub struct RunningContainerd {
 /// A config changed this close to containerd's start may be older than it: install-containerd
 /// followed at once by a restart must not be told to restart again.
 pub const START_TIME_SLACK: i64 = 2;
+
+/// Where kubelet reaches containerd unless its --container-runtime-endpoint says otherwise.
+pub const CONTAINERD_SOCKET: &str = "/run/containerd/containerd.sock";
+
+/// What doctor and the DaemonSet's readiness say while the handler is in the config file but not
+/// in the running containerd: pods with `runtimeClassName: gpu-mps` fail until then.
+pub const NOT_LOADED_YET: &str = "containerd has not loaded the gpu-mps handler yet";
 
 fn install_command(f: &RegistrationFacts) -> String {
     let mut command = "gpu-mps install-containerd".to_string();
@@ -120,7 +134,22 @@ pub fn check(f: &RegistrationFacts) -> Check {
         .unwrap_or_default();
     let found =
         format!("containerd{version} reads runtime {RUNTIME_NAME:?} from {main} with BinaryName {shim}");
-    if let Some(running) = c.running {
+    if let Some(running) = c.running.as_ref().filter(|r| !r.reads_main_config) {
+        return Check::warn(
+            NAME,
+            format!(
+                "{found}, but the containerd serving {} (pid {}) runs with --config {}, not {main}",
+                running.socket.display(),
+                running.pid,
+                running.config.display()
+            ),
+            format!(
+                "check the config that containerd runs with: gpu-mps doctor --containerd-config {} (or name the node's containerd socket with --containerd-socket)",
+                running.config.display()
+            ),
+        );
+    }
+    if let Some(running) = &c.running {
         let changed: Vec<String> = c
             .config_files
             .iter()
@@ -131,8 +160,9 @@ pub fn check(f: &RegistrationFacts) -> Check {
             return Check::warn(
                 NAME,
                 format!(
-                    "{found}, but the running containerd (pid {}) started before {} last changed: it runs without this until it restarts",
+                    "{NOT_LOADED_YET}: {found}, but the running containerd (pid {}, serving {}) started before {} last changed: it runs without this until it restarts, and pods with runtimeClassName gpu-mps fail with no runtime for \"gpu-mps\" is configured",
                     running.pid,
+                    running.socket.display(),
                     changed.join(" and ")
                 ),
                 "restart containerd: systemctl restart containerd (running containers keep running)",
@@ -146,10 +176,12 @@ pub fn check(f: &RegistrationFacts) -> Check {
             "change the runc entry as the note says, then rerun gpu-mps install-containerd and restart containerd",
         );
     }
-    let running = match c.running {
+    let running = match &c.running {
         Some(r) => format!(
-            " (running as pid {}, started after its config last changed)",
-            r.pid
+            " (running as pid {}, started after its config last changed; it serves {} with --config {})",
+            r.pid,
+            r.socket.display(),
+            r.config.display()
         ),
         None => " (containerd is not running: it reads this when it starts)".into(),
     };
@@ -241,6 +273,9 @@ mod tests {
         if let Some(c) = f.containerd.as_mut() {
             c.running = Some(RunningContainerd {
                 pid: 42,
+                socket: CONTAINERD_SOCKET.into(),
+                config: reg::MAIN_CONFIG.into(),
+                reads_main_config: true,
                 started_unix: 1000 - START_TIME_SLACK,
             });
         }
@@ -345,18 +380,51 @@ mod tests {
         if let Some(c) = f.containerd.as_mut() {
             c.running = Some(RunningContainerd {
                 pid: 42,
+                socket: CONTAINERD_SOCKET.into(),
+                config: reg::MAIN_CONFIG.into(),
+                reads_main_config: true,
                 started_unix: 1000 - START_TIME_SLACK - 1,
             });
         }
         let c = check(&f);
         assert_eq!(c.status, Status::Warn);
+        assert!(c.found.starts_with(NOT_LOADED_YET), "{}", c.found);
         assert!(
-            c.found
-                .contains("(pid 42) started before /etc/containerd/config.toml last changed"),
+            c.found.contains(
+                "(pid 42, serving /run/containerd/containerd.sock) started before /etc/containerd/config.toml last changed"
+            ),
             "{}",
             c.found
         );
         assert!(c.fix.unwrap().contains("systemctl restart containerd"));
+    }
+
+    #[test]
+    fn a_containerd_on_another_config_is_named_with_its_config() {
+        let mut f = facts(Ok(DUMP.into()));
+        if let Some(c) = f.containerd.as_mut() {
+            c.running = Some(RunningContainerd {
+                pid: 7,
+                socket: CONTAINERD_SOCKET.into(),
+                config: "/etc/k3s/containerd.toml".into(),
+                reads_main_config: false,
+                started_unix: 2000,
+            });
+        }
+        let c = check(&f);
+        assert_eq!(c.status, Status::Warn, "{c:?}");
+        assert!(
+            c.found.contains(
+                "the containerd serving /run/containerd/containerd.sock (pid 7) runs with --config /etc/k3s/containerd.toml, not /etc/containerd/config.toml"
+            ),
+            "{}",
+            c.found
+        );
+        assert!(
+            c.fix
+                .unwrap()
+                .contains("gpu-mps doctor --containerd-config /etc/k3s/containerd.toml")
+        );
     }
 
     #[test]
