@@ -154,6 +154,22 @@ fn install_and_uninstall_on_each_containerd() {
                 ..InstallOptions::default()
             };
 
+            if case.main.is_none() {
+                // An explicit --containerd-config that does not exist is a typo until shown
+                // otherwise: refused, nothing created (only containerd's default path is
+                // created when absent; unit-tested in containerd_registration).
+                let refused = reg::install(&opts, Some(&binary), false)
+                    .expect_err(&format!("{what}: a missing explicit config was accepted"));
+                assert!(
+                    refused.to_string().contains("no such containerd config"),
+                    "{what}: {refused}"
+                );
+                assert!(
+                    !main.exists() && !drop_in.exists(),
+                    "{what}: something was created"
+                );
+                continue;
+            }
             let outcome = reg::install(&opts, Some(&binary), false).unwrap_or_else(|e| panic!("{what}: {e}"));
             assert!(outcome.verified, "{what}: not verified");
             assert!(outcome.warnings.is_empty(), "{what}: {:?}", outcome.warnings);

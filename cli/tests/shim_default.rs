@@ -49,6 +49,8 @@ fn install_containerd_registers_the_shim_next_to_gpu_mps() {
     let dir = temp_dir();
     let gpu_mps = copied_gpu_mps(dir.path());
     let main = dir.path().join("containerd.toml");
+    // An explicit --containerd-config must exist (a missing one is refused as a typo).
+    fs::write(&main, "").unwrap();
     let drop_in = dir.path().join("conf.d/gpu-mps.toml");
     let containerd = containerd();
     let out = run(
