@@ -30,10 +30,13 @@ use_build() { # use_build <base|current>: the manager and the binaries the shim 
     pkill -f 'gpu-mps-manager --gate-keeper' 2>/dev/null
     quit_mps_daemons /run/gpu-mps-test nvidia-cuda-mps-control
     cp -f "$W/bin-$1"/gpu-mps* "$W/bin/"
+    write_config exact
+    sed -i 's/idle_grace_seconds = 4/idle_grace_seconds = 600/' "$CFG"
+    # A baseline from before the [gpus] section refuses the unknown key (a typo is refused);
+    # it took NVIDIA_VISIBLE_DEVICES as a GPU source anyway.
+    [ "$1" = base ] && sed -i '/^\[gpus\]$/,/^trust_visible_devices_env/d' "$CFG"
     start_manager "cost-$1" || exit 1
 }
-write_config exact
-sed -i 's/idle_grace_seconds = 4/idle_grace_seconds = 600/' "$CFG"
 : >"$D/cost.tsv"
 for rep in $(seq "$REPS"); do
     for build in base current; do
