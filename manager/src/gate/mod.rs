@@ -857,7 +857,7 @@ async fn decide(serving: &Serving, process: ProcessIdentity) -> Decision {
                     .state
                     .listing_failed_logged
                     .store(false, Ordering::Relaxed);
-                server
+                Some(server)
             }
             // A stuck server leaves its daemon's server-bound commands hanging (measured), and
             // a restarting daemon answers nothing: the gate then counts what it let through
@@ -866,10 +866,12 @@ async fn decide(serving: &Serving, process: ProcessIdentity) -> Decision {
                 if !serving.state.listing_failed_logged.swap(true, Ordering::Relaxed) {
                     warn!(container = %serving.target.container, owner = %serving.target.owner, daemon = %serving.target.daemon, "gate: {why}; counting only the processes the gate let through until the daemon answers again");
                 }
-                ServerClients::default()
+                // Not an empty view: that would drop the exited processes the server listed
+                // at the last look. The last view stands.
+                None
             }
         };
-        let decision = lock(&serving.state.budget).decide(process, ProcessIdentity::is_alive, Some(server));
+        let decision = lock(&serving.state.budget).decide(process, ProcessIdentity::is_alive, server);
         match decision {
             Decision::OverBudget { lingering: true, .. } if Instant::now() < deadline => {
                 tokio::time::sleep(LINGER_POLL).await;
