@@ -2,6 +2,7 @@
 # arm64 (GH200, Grace; issue 9): cross-builds gpu-mps-shim and gpu-mps-api for
 # aarch64-unknown-linux-gnu and runs their tests under qemu-user, the arm64 shim binary's included.
 #   bash tests/arm64.sh
+#   bash tests/arm64.sh --build-only    (the cross build alone: tests/run.sh runs it in the background)
 # Installs what it needs from Debian 12 (gcc-aarch64-linux-gnu, libc6-dev-arm64-cross,
 # qemu-user-static) and rustup's aarch64 target. It names the linker and makes qemu-aarch64-static
 # the runner through CARGO_TARGET_AARCH64_UNKNOWN_LINUX_GNU_* (not .cargo/config.toml, which would
@@ -20,6 +21,12 @@ target=aarch64-unknown-linux-gnu
 sysroot=/usr/aarch64-linux-gnu
 start=$SECONDS
 die() { echo "arm64: $*" >&2; exit 1; }
+build_only=no
+case "${1:-}" in
+    "") ;;
+    --build-only) build_only=yes ;;
+    *) die "unknown argument '$1' (allowed: --build-only)" ;;
+esac
 
 missing=()
 command -v aarch64-linux-gnu-gcc >/dev/null || missing+=(gcc-aarch64-linux-gnu)
@@ -48,6 +55,7 @@ cli=$(sed -n 's|^ *Executable tests/cli.rs (\(.*\))$|\1|p' <<<"$built")
 [ -x "$cli" ] || die "cargo built no shim/tests/cli.rs binary (its 'Executable tests/cli.rs' line is missing)"
 case $cli in /*) ;; *) cli=$PWD/$cli ;; esac
 echo "arm64: cross build took $((SECONDS - phase)) s"
+[ "$build_only" = yes ] && exit 0
 
 phase=$SECONDS
 cargo test --locked --target "$target" -p gpu-mps-shim -p gpu-mps-api --lib --test golden --test bad_input -- --nocapture

@@ -4,6 +4,7 @@
 #   bash tests/fuzz-smoke.sh                      # 10 s per target, no sanitizer
 #   FUZZ_SECONDS=300 bash tests/fuzz-smoke.sh     # a longer run
 #   FUZZ_SANITIZER=address bash tests/fuzz-smoke.sh
+#   bash tests/fuzz-smoke.sh --build-only         # install and build, run nothing (tests/run.sh)
 # Needs only the stable toolchain: cargo-fuzz comes from crates.io (installed into ~/.cargo/bin
 # when missing). Without a sanitizer it passes rustc no nightly-only flag; with one it passes
 # -Zsanitizer, which stable rustc refuses unless RUSTC_BOOTSTRAP=1 (measured on 1.95.0).
@@ -14,6 +15,12 @@ cd "$(dirname "$0")/.."
 [ -f "$HOME/.cargo/env" ] && . "$HOME/.cargo/env"
 export PATH="$HOME/.cargo/bin:$PATH"
 
+build_only=no
+case "${1:-}" in
+    "") ;;
+    --build-only) build_only=yes ;;
+    *) echo "fuzz-smoke: unknown argument '$1' (allowed: --build-only)" >&2; exit 2 ;;
+esac
 seconds=${FUZZ_SECONDS:-10}
 sanitizer=${FUZZ_SANITIZER:-none}
 cargo_fuzz_version=0.13.2
@@ -41,6 +48,7 @@ phase "install ($(cargo fuzz --version), $(rustc --version))"
 
 cargo fuzz build --sanitizer "$sanitizer"
 phase "build (sanitizer $sanitizer)"
+[ "$build_only" = yes ] && exit 0
 
 bin_dir=fuzz/target/$(rustc -vV | sed -n 's/^host: //p')/release
 work=$(mktemp -d)

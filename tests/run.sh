@@ -17,16 +17,19 @@ for s in "$GPU_MPS_CACHE"/containerd/*/; do echo "containerd suite $(basename "$
 
 step() { echo; echo "=== $* ($(date -u +%T), $((SECONDS / 60)) min $((SECONDS % 60)) s in)"; }
 mkdir -p target
-# Downloads for the packaging steps, while the workspace compiles (tests/support/prefetch.sh).
-bash tests/support/prefetch.sh >target/prefetch.log 2>&1 &
+# Downloads for the packaging steps while the workspace compiles, then those steps' own builds at
+# the lowest CPU priority (tests/support/prefetch.sh --prebuild), in a process group of its own
+# that ends with this script.
+setsid bash tests/support/prefetch.sh --prebuild >target/prefetch.log 2>&1 &
 prefetch=$!
+trap 'kill -- -"$prefetch" 2>/dev/null || true' EXIT
 step "format";  cargo fmt --all -- --check
 step "clippy";  cargo clippy --workspace --all-targets --locked -- -D warnings
 step "build";   cargo build --workspace --bins --locked
 RUSTFLAGS='-C target-feature=+crt-static' cargo build -p gpu-mps-checker --target x86_64-unknown-linux-gnu --locked
 step "tests";   cargo test --workspace --locked -- --nocapture 2>&1 | tee target/test-output.log
-step "prefetch"; wait "$prefetch" && tail -n2 target/prefetch.log ||
-    { echo "prefetch failed (each step fetches for itself):"; tail -n5 target/prefetch.log; }
+step "prefetch and prebuild"; wait "$prefetch" && grep '^prefetch: ' target/prefetch.log ||
+    { echo "prefetch failed (each step fetches and builds for itself):"; tail -n5 target/prefetch.log; }
 step "metrics"; bash tests/metrics.sh   # the manager's /metrics, checked with promtool (docs/metrics.md)
 step "image"; bash tests/image.sh   # the DaemonSet image: built with buildah, run through CRI (packaging/README.md)
 step "debian package"; bash tests/deb.sh   # install, run a container, purge in a fresh Debian 12 root (packaging/README.md)
