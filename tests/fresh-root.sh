@@ -53,6 +53,12 @@ if [ "${1:-}" = "--in-namespace" ]; then
         run "bash tests/run.sh" || die "bash tests/run.sh failed after $(( $(date +%s) - start )) s"
         say "bash tests/run.sh: ok in $(( $(date +%s) - start )) s"
     fi
+    # What the README's commands left on the machine (README "What the tests need").
+    sizes=""
+    for d in /root/gpu-mps/target /root/gpu-mps/fuzz/target /root/.rustup /root/.cargo /root/.cache/gpu-mps /usr; do
+        [ -d "$d" ] && sizes="$sizes, $d $(du -sxh "$d" 2>/dev/null | cut -f1)"
+    done
+    say "disk: the root holds $(du -sxh / 2>/dev/null | cut -f1)$sizes"
     exit 0
 fi
 
