@@ -22,6 +22,7 @@ cd "$(dirname "$0")/.."
 source scripts/ctr-node.sh
 say() { printf '\n\033[1m== %s\033[0m\n' "$*"; }
 bash scripts/setup-debian.sh
+# shellcheck source=/dev/null # rustup's file, outside the repository
 [ -f "$HOME/.cargo/env" ] && . "$HOME/.cargo/env"
 export GPU_MPS_CACHE=${GPU_MPS_CACHE:-$HOME/.cache/gpu-mps}
 GPU_MPS_SUITES=bookworm bash tests/support/fetch-containerd.sh "$GPU_MPS_CACHE"
@@ -67,7 +68,7 @@ if $REAL; then
 else
     say "no NVIDIA GPU here: SIMULATED MPS daemon (tests/support/fake-mps-control, a test double; no GPU work happens)"
     CONTROL=$B/fake-mps-control
-    GPU=GPU-demo0000-0000-0000-0000-000000000000
+    GPU="GPU-demo0000-0000-0000-0000-000000000000"
     cat >"$W/inventory.json" <<EOF
 {"source":"demo","gpus":[{"index":0,"uuid":"$GPU","name":"SIMULATED GPU (no hardware)","memory_bytes":17179869184,"compute_mode":"Default","mig_enabled":false}]}
 EOF

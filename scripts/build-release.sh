@@ -29,6 +29,7 @@ done
 # On a fresh Debian 12 machine: the packages and the Rust toolchain a build needs (quick when all
 # are there already).
 bash scripts/setup-debian.sh >&2
+# shellcheck source=/dev/null # rustup's file, outside the repository
 [ -f "$HOME/.cargo/env" ] && . "$HOME/.cargo/env"
 host=$(rustc -vV | awk '/^host:/ { print $2 }')
 case $arch in amd64 | x86_64) [ "$host" = x86_64-unknown-linux-gnu ] && arch=native ;; esac

@@ -1,3 +1,4 @@
+# shellcheck shell=bash # sourced by bash scripts, so no shebang
 # A private one-node setup for scripts that run containers through gpu-mps with plain ctr:
 # demo/run.sh (any Debian machine) and tests/gpu/lib.sh (the GPU machine). Sourced, defines
 # functions only. Nothing here changes a GPU's compute mode, clocks, MIG or persistence.
@@ -42,6 +43,7 @@ state = "$dir/containerd-state"
   address = "$dir/containerd.sock"
 EOF
     GPU_MPS_CONFIG=$gpu_mps_config "$containerd" --config "$dir/containerd.toml" >"$log" 2>&1 &
+    # shellcheck disable=SC2034 # read by the scripts that source this file (their EXIT traps)
     CTD_PID=$!
     for _ in $(seq 100); do
         [ -S "$dir/containerd.sock" ] && return 0

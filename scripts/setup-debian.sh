@@ -8,7 +8,8 @@ set -euo pipefail
 need_rust="1.85"
 as_root() { if [ "$(id -u)" = 0 ]; then "$@"; else sudo "$@"; fi; }
 
-packages=(ca-certificates curl git gcc libc6-dev pkg-config protobuf-compiler xz-utils iproute2 python3)
+# The last one, shellcheck, is for tests/shellcheck.sh (a step of tests/run.sh); the demo needs the rest.
+packages=(ca-certificates curl git gcc libc6-dev pkg-config protobuf-compiler xz-utils iproute2 python3 shellcheck)
 missing=()
 for p in "${packages[@]}"; do
     dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
@@ -19,6 +20,7 @@ if [ ${#missing[@]} -gt 0 ]; then
     as_root env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "${missing[@]}"
 fi
 
+# shellcheck source=/dev/null # rustup's file, outside the repository
 [ -f "$HOME/.cargo/env" ] && . "$HOME/.cargo/env"
 version_ok() { # rustc >= need_rust ?
     local have
@@ -42,6 +44,7 @@ if ! command -v cargo >/dev/null || ! version_ok; then
         chmod +x "$init_dir/rustup-init"
         "$init_dir/rustup-init" -y --profile minimal -c clippy,rustfmt
         rm -rf "$init_dir"
+        # shellcheck source=/dev/null # rustup's file, outside the repository
         . "$HOME/.cargo/env"
     fi
 fi

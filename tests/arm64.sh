@@ -15,6 +15,7 @@
 # shim's path holds, for the run, a script that execs qemu on the arm64 shim, with its argv[0].
 set -euo pipefail
 cd "$(dirname "$0")/.."
+# shellcheck source=/dev/null # rustup's file, outside the repository
 [ -f "$HOME/.cargo/env" ] && . "$HOME/.cargo/env"
 export CARGO_INCREMENTAL=0
 target=aarch64-unknown-linux-gnu

@@ -179,6 +179,7 @@ if [ "${1:-}" = "--in-namespace" ]; then
     [ ! -e "$R/run/gpu-mps" ] || die "apt-get remove left /run/gpu-mps: $(ls -A "$R/run/gpu-mps")"
     ! grep -qs gpu-mps-shim "$R/etc/containerd/config.toml" || die "apt-get remove left gpu-mps in containerd's config"
     [ -f "$R/etc/gpu-mps/config.toml" ] || die "apt-get remove did not keep /etc/gpu-mps/config.toml"
+    # shellcheck disable=SC2012 # names the package made (no odd characters); ls prints nothing when none match
     backups=$(cd "$R" && ls etc/containerd/*.gpu-mps-backup.* 2>/dev/null | tr '\n' ' ')
     [ -n "$backups" ] || die "install-containerd made no backup of containerd's config, or remove deleted it"
     say "after the remove: binaries, registration and /run/gpu-mps gone; kept /etc/gpu-mps/config.toml and $backups"
@@ -188,6 +189,7 @@ if [ "${1:-}" = "--in-namespace" ]; then
     sed -n '/^gpu-mps: /p; /^Purging /p; /^Removing /p' "$F/purge.log"
     status=$(in_root dpkg-query -W -f '${db:Status-Abbrev}' gpu-mps 2>/dev/null || true)
     case "$status" in "" | "pn"*) ;; *) die "dpkg still knows gpu-mps after the purge: status '$status'" ;; esac
+    # shellcheck disable=SC2086 # $pulled is a space-separated list of package names, one argument each
     in_root dpkg --verify $pulled >"$F/verify.txt" 2>&1 || true
     [ ! -s "$F/verify.txt" ] || { cat "$F/verify.txt"; die "files of the packages apt pulled in differ from the packages (dpkg --verify)"; }
     listing after
@@ -216,7 +218,7 @@ if [ "${1:-}" = "--in-namespace" ]; then
     changed=$(diff <(unexpected "$W/before.meta") <(unexpected "$W/after.meta") || true)
     changed+=$(diff <(unexpected "$W/before.sums") <(unexpected "$W/after.sums") || true)
     [ -z "$changed" ] || { echo "$changed" | head -n 60; die "the purge left the root different from before the install (see above; < before, > after)"; }
-    say "after the purge the root is as it was, but for apt/dpkg state and the $(echo $pulled | wc -w) packages apt pulled in ($(wc -l <"$W/after.meta") entries compared)"
+    say "after the purge the root is as it was, but for apt/dpkg state and the $(echo "$pulled" | wc -w) packages apt pulled in ($(wc -l <"$W/after.meta") entries compared)"
     exit 0
 fi
 
@@ -224,6 +226,7 @@ fi
 start=$(date +%s)
 export GPU_MPS_CACHE=${GPU_MPS_CACHE:-$HOME/.cache/gpu-mps}
 export CARGO_INCREMENTAL=${CARGO_INCREMENTAL:-0}
+# shellcheck source=/dev/null # rustup's file, outside the repository
 [ -f "$HOME/.cargo/env" ] && . "$HOME/.cargo/env"
 
 missing=()

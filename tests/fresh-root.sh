@@ -29,6 +29,7 @@ if [ "${1:-}" = "--in-namespace" ]; then
     umount -l /.old-root
     rmdir /.old-root
     # Everything else in this mount namespace, by namespace (paths of roots mean nothing here now).
+    # shellcheck disable=SC2317 # not unreachable: it is the EXIT trap set just below
     stop_namespace_processes() {
         local p me
         me=$(readlink /proc/self/ns/mnt)
@@ -85,6 +86,7 @@ cp /etc/resolv.conf "$R/etc/resolv.conf"
 # How this machine's apt reaches its mirror (`Acquire::` settings: a mirror that serves a snapshot
 # needs its Valid-Until checks off), as a machine of its network would have it.
 for conf in /etc/apt/apt.conf.d/*; do
+    # shellcheck disable=SC2015 # meant: skip the file when any of the three fails
     [ -f "$conf" ] && [ ! -e "$R$conf" ] && grep -q '^[[:space:]]*Acquire::' "$conf" || continue
     cp "$conf" "$R$conf"
     say "apt settings of this machine added: $conf"
@@ -105,5 +107,6 @@ rc=0
 unshare --mount bash "$0" --in-namespace "$R" "$tests" 2>&1 | tee "$W/out.log" || rc=$?
 mkdir -p target/fresh-root
 cp "$W/out.log" target/fresh-root/out.log
+# shellcheck disable=SC2015 # meant: fail when either the run or the grep fails
 [ "$rc" = 0 ] && grep -q 'bash demo/run.sh: ok' "$W/out.log" || die "see target/fresh-root/out.log"
 say "ok"

@@ -12,6 +12,7 @@
 # is written to fuzz/artifacts/<target>/ and the command to reproduce it is printed.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+# shellcheck source=/dev/null # rustup's file, outside the repository
 [ -f "$HOME/.cargo/env" ] && . "$HOME/.cargo/env"
 export PATH="$HOME/.cargo/bin:$PATH"
 

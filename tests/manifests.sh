@@ -83,6 +83,7 @@ if [ "$(cat "$venv/PINS" 2>/dev/null)" != "$pins" ]; then
     "$venv/bin/pip" install -q --disable-pip-version-check $pins || die "pip install $pins failed"
     # The wheel carries Helm's library three times (a wheel holds no links): 85 MB each. Keep one.
     for lib in "$venv"/lib/python3*/site-packages/helm_python/lib/libhelm_c.so{,.0}; do
+        # shellcheck disable=SC2012 # the wheel's own file names (no odd characters): the first of them
         real=$(ls "$venv"/lib/python3*/site-packages/helm_python/lib/libhelm_c.so.*.*.* | head -n1)
         [ -f "$lib" ] && [ -f "$real" ] && cmp -s "$lib" "$real" && ln -f "$real" "$lib"
     done

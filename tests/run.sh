@@ -10,6 +10,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 [ "$(id -u)" = 0 ] || { echo "tests/run.sh: run as root (containerd and runc need it): sudo bash tests/run.sh" >&2; exit 1; }
 bash scripts/setup-debian.sh
+# shellcheck source=/dev/null # rustup's file, outside the repository
 [ -f "$HOME/.cargo/env" ] && . "$HOME/.cargo/env"
 export GPU_MPS_CACHE=${GPU_MPS_CACHE:-$HOME/.cache/gpu-mps}
 bash tests/support/fetch-containerd.sh "$GPU_MPS_CACHE"
@@ -23,12 +24,15 @@ mkdir -p target
 setsid bash tests/support/prefetch.sh --prebuild >target/prefetch.log 2>&1 &
 prefetch=$!
 trap 'kill -- -"$prefetch" 2>/dev/null || true' EXIT
+step "shellcheck"; bash tests/shellcheck.sh   # every shell script, *.sh or by shebang, with no finding (.shellcheckrc)
 step "format";  cargo fmt --all -- --check
 step "clippy";  cargo clippy --workspace --all-targets --locked -- -D warnings
 step "build";   cargo build --workspace --bins --locked
 RUSTFLAGS='-C target-feature=+crt-static' cargo build -p gpu-mps-checker --target x86_64-unknown-linux-gnu --locked
 step "tests";   cargo test --workspace --locked -- --nocapture 2>&1 | tee target/test-output.log
-step "prefetch and prebuild"; wait "$prefetch" && grep '^prefetch: ' target/prefetch.log ||
+step "prefetch and prebuild"
+# shellcheck disable=SC2015 # meant: the message when the prefetch failed or logged nothing
+wait "$prefetch" && grep '^prefetch: ' target/prefetch.log ||
     { echo "prefetch failed (each step fetches and builds for itself):"; tail -n5 target/prefetch.log; }
 step "metrics"; bash tests/metrics.sh   # the manager's /metrics, checked with promtool (docs/metrics.md)
 step "image"; bash tests/image.sh   # the DaemonSet image: built with buildah, run through CRI (packaging/README.md)

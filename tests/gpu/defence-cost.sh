@@ -38,7 +38,7 @@ use_build() { # use_build <base|current>: the manager and the binaries the shim 
     start_manager "cost-$1" || exit 1
 }
 : >"$D/cost.tsv"
-for rep in $(seq "$REPS"); do
+for _ in $(seq "$REPS"); do
     for build in base current; do
         use_build "$build"
         run_ctr "holder-$build" gpu-mps 4Gi 25 -- "$BENCH" busy --seconds 60 --tag holder &

@@ -101,6 +101,7 @@ check D3.exit "with the manager up and a lease held, no check fails (exit 0)" \
     '[ "$RC" = 0 ] && [ "$failed" = "[]" ] && [ "$leases" = 1 ]'
 must_pass=true
 for c in containerd runc nvml manager node-config descriptors mps-binaries; do
+    # shellcheck disable=SC2034 # read by the condition that check() evaluates
     [ "$(status_of "$c")" = PASS ] || must_pass=false
 done
 check D3.pass "containerd, runc, nvml, manager, node-config, descriptors and mps-binaries pass" "$passed" '$must_pass'

@@ -63,7 +63,7 @@ for n in 2 4 8; do
     done
     check "X1.n$n" "$n containers of $n classes at once: each its own SMs and memory" "$seen" '[ $bad = 0 ]'
 done
-grep -c 'server limits set and read back' "$D/manager-exact.log" | xargs -I{} row X1.sets INFO "times the gate changed the server's limits (X1)" "{}"
+row X1.sets INFO "times the gate changed the server's limits (X1)" "$(grep -c 'server limits set and read back' "$D/manager-exact.log")"
 fi
 
 if want X2; then

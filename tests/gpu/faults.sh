@@ -56,6 +56,7 @@ for _ in $(seq 100); do
 done
 t1=$(now_ms)
 lost=$(jget "$(status_json)" "[l['daemon_lost_unix'] for l in d['leases']]")
+# shellcheck disable=SC2034 # read by the condition that check() evaluates
 marked=$(jget "$(status_json)" "len(d['leases']) > 0 and all(l['daemon_lost_unix'] > 0 for l in d['leases'])")
 check F2.noticed "the manager replaces a SIGKILLed control daemon within 2 s (a lease still uses it)" \
     "old pid $old, new pid $new after $((t1 - t0)) ms; leases' daemon_lost_unix=$lost" \

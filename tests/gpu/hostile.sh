@@ -73,6 +73,7 @@ for policy in uniform ceiling exact; do
     alive=$(jget "$(status_json)" "len(d['daemons'])")
     run_ctr "h1-$policy-after" gpu-mps 4Gi 25 -- "$CHECK" --alloc-mib 3300 --alloc-mib 4700 --tag after
     expect_threads=25.0; [ "$policy" = ceiling ] && expect_threads=50.0
+    # shellcheck disable=SC2034 # read by the condition that check() evaluates
     [ "$policy" = exact ] && expect_threads=$threads  # the gate sets it per client
     check "H1.$policy.daemon-intact" "afterwards the daemon runs with the manager's limits and a new pod is held to its 4Gi/25 %" \
         "daemons=$alive default_threads=$threads first: $(f "$(grep '"first"' "$D/h1-$policy-ui.out" | tail -n1)") new pod: $(f "$(last_json "$D/h1-$policy-after.out")")" \
@@ -278,7 +279,9 @@ P=$!
 CTR_USER=1000:1000 run_ctr h11-nonroot gpu-mps 4Gi 25 -- "$CHECK" --alloc-mib 3300 --alloc-mib 4700 --tag nonroot &
 P2=$!
 sleep 5
+# shellcheck disable=SC2012 # fixed socket paths (no odd characters); ls prints nothing when none match
 paths=$(ls -d /run/gpu-mps-test/gates/*/control /run/gpu-mps-test/daemons/*/pipe/control 2>/dev/null | tr '\n' ' ')
+# shellcheck disable=SC2086 # $paths is a space-separated list of socket paths, one argument each
 probe=$(setpriv --reuid 65534 --regid 65534 --clear-groups python3 -c '
 import socket, sys
 out = []

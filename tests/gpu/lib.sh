@@ -1,3 +1,4 @@
+# shellcheck shell=bash # sourced by bash scripts, so no shebang
 # Shared by the GPU scripts (run.sh, proof.sh): unpack what .carry/ brought, start a private
 # containerd and gpu-mps-manager, run containers through ctr, record results, tear down.
 # Sourced after the caller set OUT and opened its log; builds on scripts/ctr-node.sh. Never

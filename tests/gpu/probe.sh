@@ -15,7 +15,7 @@ rm -rf "$W" && mkdir -p "$W"
 section() { echo; echo "=== $*"; }
 
 section machine
-uname -a; cat /etc/os-release | head -2
+uname -a; head -2 /etc/os-release
 nvidia-smi --query-gpu=index,uuid,name,memory.total,compute_mode,persistence_mode,mig.mode.current,driver_version --format=csv
 mount | grep -E 'cgroup' ; grep -E 'overlay' /proc/filesystems
 ls -la /dev/nvidia* 2>&1
@@ -88,7 +88,7 @@ state = "$W/ctd/state"
 EOF
 "$W/ctd/bin/containerd" --config "$W/ctd/config.toml" >"$W/ctd/containerd.log" 2>&1 &
 CTD_PID=$!
-for i in $(seq 50); do [ -S "$W/ctd/containerd.sock" ] && break; sleep 0.1; done
+for _ in $(seq 50); do [ -S "$W/ctd/containerd.sock" ] && break; sleep 0.1; done
 CTR="ctr --address $W/ctd/containerd.sock"
 $CTR version
 R=$W/rootfs; mkdir -p "$R"/{proc,sys,dev,tmp,usr,lib,lib64,bin,etc,check}
@@ -96,11 +96,13 @@ cp "$W/mps-check" "$R/check/"
 DEVS=""; for d in /dev/nvidia0 /dev/nvidiactl /dev/nvidia-uvm /dev/nvidia-uvm-tools; do [ -e $d ] && DEVS="$DEVS --device $d"; done
 MNTS=""; for m in /usr /lib /lib64 /bin /etc; do [ -e $m ] && MNTS="$MNTS --mount type=bind,src=$m,dst=$m,options=rbind:ro"; done
 set -x
+# shellcheck disable=SC2086 # $CTR, $DEVS and $MNTS are a command and flag lists, split on purpose
 timeout 60 $CTR run --rm --rootfs $DEVS $MNTS --mount "type=bind,src=$P,dst=/tmp/nvidia-mps,options=rbind:ro" \
     "$R" probe1 /check/mps-check --alloc-mib 7000 --alloc-mib 9000 --tag in-container
 echo "ctr rc=$?"
+# shellcheck disable=SC2086 # $CTR, $DEVS and $MNTS are a command and flag lists, split on purpose
 timeout 60 $CTR run --rm --rootfs $DEVS $MNTS "$R" probe2 /check/mps-check --tag in-container-no-pipe
 echo "ctr rc=$?"
 set +x
 tail -n 30 "$W/ctd/containerd.log"
-section done
+section "done"

@@ -149,7 +149,7 @@ fault_case() { # fault_case <label> <action on client 1: kill|fault|delete>
     esac
     # Recovery: how long until a NEW client on the same daemon runs a kernel.
     local rec=-1 t
-    for try in $(seq 40); do
+    for _ in $(seq 40); do
         run_ctr "$label-probe" gpu-mps 8Gi 25 -- "$BENCH" first-kernel --tag probe
         if [ "$(field "$label-probe" "d['ok']")" = True ]; then
             t=$(date +%s.%N); rec=$(python3 -c "print(f'{$t - $t_event:.2f}')"); break

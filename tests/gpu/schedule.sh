@@ -22,6 +22,7 @@ PROBE=$W/mps-probe
 MGR_PID=""
 log() { echo "[$(date +%H:%M:%S)] $*"; }
 
+# shellcheck disable=SC2317 # not unreachable: it is the EXIT trap set just below
 cleanup() {
     log "teardown"
     [ -n "$MGR_PID" ] && kill -TERM "$MGR_PID" 2>/dev/null && wait "$MGR_PID" 2>/dev/null

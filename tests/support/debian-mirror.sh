@@ -1,3 +1,4 @@
+# shellcheck shell=bash # sourced by bash scripts, so no shebang
 # Sourced, not run: defines debian_mirror, which prints the first Debian archive URI of this
 # machine's own apt sources (deb822 or one-line format), without a trailing slash.
 # A node behind a proxy or a local mirror so uses that mirror; no host name is written here.

@@ -37,6 +37,7 @@ for suite in $suites; do
     private_apt_download "$private_apt_dir/debs" containerd runc || die "apt-get download failed for suite $suite"
     for deb in "$private_apt_dir"/debs/*.deb; do dpkg-deb -x "$deb" "$dest"; done
     printf '%s' "${want%$'\n'}" >"$dest/VERSIONS"
+    # shellcheck disable=SC2015 # meant: fail when either binary is missing
     [ -x "$dest/usr/bin/containerd" ] && [ -x "$dest/usr/sbin/runc" ] || die "suite $suite: binaries missing after extraction"
     echo "fetch-containerd: $suite fetched: $(tr '\n' ' ' <"$dest/VERSIONS")"
 done

@@ -12,6 +12,7 @@
 # its build up to date.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
+# shellcheck source=/dev/null # rustup's file, outside the repository
 [ -f "$HOME/.cargo/env" ] && . "$HOME/.cargo/env"
 start=$SECONDS
 prebuild=no

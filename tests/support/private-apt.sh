@@ -1,3 +1,4 @@
+# shellcheck shell=bash # sourced by bash scripts, so no shebang
 # Sourced, not run: apt against one Debian suite with a private state dir, so that the system's
 # apt lists are never touched and nothing is installed system-wide. The mirror is this machine's
 # own (debian-mirror.sh).

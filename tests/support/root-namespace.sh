@@ -1,3 +1,4 @@
+# shellcheck shell=bash # sourced by bash scripts, so no shebang
 # Sourced, not run: a Debian root (an unpacked tarball) set up to run like a machine, from inside a
 # private mount namespace (`unshare --mount`), so that every mount goes when the namespace ends.
 # Used by tests/deb.sh (the package's round trip) and tests/fresh-root.sh (the README's commands).

@@ -104,11 +104,11 @@ for mode in plain path preload mount; do
 done
 
 log "launch cost: 5 pairs of 200000 empty launches, plain then path"
-for i in 1 2 3 4 5; do
+for _ in 1 2 3 4 5; do
     record plain "$S/bin/launch" 200000
     record path "$S/bin/launch" 200000
 done
-for i in 1 2 3; do
+for _ in 1 2 3; do
     record plain "$S/bin/launch" 200000
     record mount "$S/bin/launch" 200000
 done
