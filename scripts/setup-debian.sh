@@ -1,11 +1,13 @@
 #!/usr/bin/env bash
 # Installs what building and testing gpu-mps needs on a Debian 12 machine, idempotently:
-# apt packages (as root, or through sudo) and a Rust toolchain (rustup) when cargo is missing
-# or older than the workspace needs. containerd is NOT installed system-wide: the tests and the
-# demo fetch Debian's containerd + runc into a private cache (tests/support/fetch-containerd.sh).
+# apt packages (as root, or through sudo) and, through rustup, the Rust toolchain that
+# rust-toolchain.toml pins (rustup itself when cargo is missing or older than the workspace
+# needs). containerd is NOT installed system-wide: the tests and the demo fetch Debian's
+# containerd + runc into a private cache (tests/support/fetch-containerd.sh).
 set -euo pipefail
 
 need_rust="1.85"
+repo=$(cd "$(dirname "$0")/.." && pwd)   # where rust-toolchain.toml is
 as_root() { if [ "$(id -u)" = 0 ]; then "$@"; else sudo "$@"; fi; }
 
 # The last one, shellcheck, is for tests/shellcheck.sh (a step of tests/run.sh); the demo needs the rest.
@@ -29,12 +31,11 @@ version_ok() { # rustc >= need_rust ?
 }
 if ! command -v cargo >/dev/null || ! version_ok; then
     if command -v rustup >/dev/null; then
-        rustup toolchain install stable --profile minimal -c clippy,rustfmt
-        rustup default stable
+        :   # the pinned toolchain is installed below
     else
         # rustup-init itself, from where the sh.rustup.rs script fetches it, checked against its
         # published sha256 (some networks reach static.rust-lang.org but not sh.rustup.rs).
-        echo "setup: installing Rust with rustup (stable, minimal profile)"
+        echo "setup: installing rustup, then the toolchain of rust-toolchain.toml"
         init_url=https://static.rust-lang.org/rustup/dist/$(uname -m)-unknown-linux-gnu/rustup-init
         init_dir=$(mktemp -d)
         curl --proto '=https' --tlsv1.2 -sSf -o "$init_dir/rustup-init" "$init_url"
@@ -42,12 +43,13 @@ if ! command -v cargo >/dev/null || ! version_ok; then
         [ "$(sha256sum "$init_dir/rustup-init" | awk '{ print $1 }')" = "$want" ] ||
             { echo "setup: $init_url does not match its published sha256" >&2; exit 1; }
         chmod +x "$init_dir/rustup-init"
-        "$init_dir/rustup-init" -y --profile minimal -c clippy,rustfmt
+        "$init_dir/rustup-init" -y --profile minimal --default-toolchain none
         rm -rf "$init_dir"
         # shellcheck source=/dev/null # rustup's file, outside the repository
         . "$HOME/.cargo/env"
     fi
 fi
-command -v cargo-clippy >/dev/null || rustup component add clippy
-command -v rustfmt >/dev/null || rustup component add rustfmt
-echo "setup: $(rustc --version), $(protoc --version)"
+# With no argument rustup installs what rust-toolchain.toml names, with its components; a no-op
+# when it is there.
+if command -v rustup >/dev/null; then (cd "$repo" && rustup toolchain install); fi
+echo "setup: $(cd "$repo" && rustc --version), $(protoc --version)"

@@ -26,8 +26,9 @@ seconds=${FUZZ_SECONDS:-10}
 sanitizer=${FUZZ_SANITIZER:-none}
 cargo_fuzz_version=0.13.2
 [ "$sanitizer" = none ] || export RUSTC_BOOTSTRAP=1
-# A nightly toolchain that happens to be installed must not be what makes this pass.
-command -v rustup >/dev/null && export RUSTUP_TOOLCHAIN=${FUZZ_TOOLCHAIN:-stable}
+# The toolchain of rust-toolchain.toml (a stable one: a nightly that happens to be installed is
+# not what makes this pass), unless FUZZ_TOOLCHAIN names another.
+if [ -n "${FUZZ_TOOLCHAIN:-}" ]; then export RUSTUP_TOOLCHAIN=$FUZZ_TOOLCHAIN; fi
 
 phase_start=$SECONDS
 phase() { # name: prints the seconds since the previous phase ended
