@@ -100,9 +100,11 @@ fn write_then_rename(
     Ok(())
 }
 
-/// `mkdir -p` where every component it creates gets `mode`, whatever the umask (MPS pipe dirs
-/// must be traversable by non-root clients). Existing components are left as they are; a
-/// concurrent creator of the same directory is not an error.
+/// `mkdir -p` where every component it creates gets `mode`, whatever the umask (a gate dir must
+/// be [`GATE_DIR_MODE`], traversable by the container's non-root clients, and every other
+/// directory of the state root, the daemons' pipe dirs included, exactly [`PRIVATE_DIR_MODE`]).
+/// Existing components are left as they are; a concurrent creator of the same directory is not
+/// an error.
 pub fn create_dirs(path: &Path, mode: u32) -> io::Result<()> {
     let missing: Vec<&Path> = path
         .ancestors()

@@ -37,6 +37,7 @@ pub mod proto {
     pub use manager::*;
 }
 
-/// Where the container sees its GPU's MPS pipe dir: the default path, so that a process that
-/// unsets CUDA_MPS_PIPE_DIRECTORY still lands on MPS.
+/// Where the container's gate dir is mounted, which CUDA inside the container takes as its MPS
+/// pipe dir: the default path, so that a process that unsets CUDA_MPS_PIPE_DIRECTORY still lands
+/// on MPS (through the gate).
 pub const CONTAINER_PIPE_DIR: &str = "/tmp/nvidia-mps";

@@ -51,7 +51,8 @@ pub enum ConfigError {
     },
 }
 
-/// How one server serves pods with different limits (see docs/adr/0003-limit-policies.md).
+/// How one server serves pods with different limits (see
+/// docs/adr/0003-limit-policies-and-daemon-lifecycle.md).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]
 pub enum LimitPolicy {
@@ -807,7 +808,7 @@ impl NodeConfig {
         self.daemon_dir(key).join("log")
     }
 
-    /// The container's own pipe dir (under every policy), which holds only the [`GATE_SOCKET`]
+    /// The container's own gate dir (under every policy), which holds only the [`GATE_SOCKET`]
     /// the manager serves for it (its connect gate). The shim creates it, the manager fills it
     /// at Acquire (before the lease is recorded) and removes it at Release.
     pub fn gate_dir(&self, container_id: &crate::ContainerId) -> PathBuf {

@@ -2,7 +2,6 @@
 
 use gpu_mps_api::NodeConfig;
 use gpu_mps_api::inventory::Inventory;
-use gpu_mps_api::node_config::LimitPolicy;
 use gpu_mps_shim::ShimError;
 use similar::TextDiff;
 
@@ -25,10 +24,12 @@ pub fn explain_rewrite(
             config.pipe_dir(daemon).display()
         );
     }
-    if let (LimitPolicy::Exact, Some(dir)) = (config.policy, &plan.client_pipe_dir) {
+    // Every policy mounts the container's gate dir, never the daemon's pipe dir (docs/adr/0006).
+    if let Some(dir) = &plan.gate_dir {
         out += &format!(
-            "gate: {} (policy exact: the container sees only the control socket the manager serves there)\n",
-            dir.display()
+            "gate: {} (policy {}: the container sees only the control socket the manager serves there)\n",
+            dir.display(),
+            config.policy
         );
     }
     let Some(rewritten) = plan.rewritten else {
@@ -49,6 +50,8 @@ pub fn explain_rewrite(
 #[cfg(test)]
 mod tests {
     use gpu_mps_api::inventory::GpuInfo;
+    use gpu_mps_api::limits::Limits;
+    use gpu_mps_api::node_config::LimitPolicy;
 
     use super::*;
 
@@ -99,9 +102,35 @@ mod tests {
     }
 
     #[test]
+    fn names_the_containers_gate_under_every_policy() {
+        let spec = r#"{"ociVersion":"1.0.2","process":{"args":["sh"],"env":["PATH=/bin","NVIDIA_VISIBLE_DEVICES=0"],"cwd":"/"},"root":{"path":"rootfs"},"annotations":{"gpu-mps.io/memory-limit":"4Gi","gpu-mps.io/active-thread-percentage":"25"}}"#;
+        for policy in [LimitPolicy::Uniform, LimitPolicy::Ceiling, LimitPolicy::Exact] {
+            let config = NodeConfig {
+                trust_visible_devices_env: true,
+                policy,
+                ceiling: Some(Limits {
+                    memory_bytes: 8 << 30,
+                    thread_percentage: 50,
+                }),
+                ..NodeConfig::default()
+            };
+            let out = explain_rewrite("b/config.json", spec, &config, &inventory(), "c1").unwrap();
+            let gate = config.gate_dir(&gpu_mps_api::ContainerId::parse("c1").unwrap());
+            assert!(
+                out.contains(&format!(
+                    "gate: {} (policy {policy}: the container sees only the control socket the manager serves there)\n",
+                    gate.display()
+                )),
+                "{policy}: {out}"
+            );
+        }
+    }
+
+    #[test]
     fn a_cpu_container_is_unchanged() {
         let spec = r#"{"ociVersion":"1.0.2","process":{"args":["sh"],"env":["PATH=/bin"],"cwd":"/"},"root":{"path":"rootfs"}}"#;
         let out = explain_rewrite("b/config.json", spec, &NodeConfig::default(), &inventory(), "c1").unwrap();
         assert!(out.contains("unchanged"), "{out}");
+        assert!(!out.contains("gate:"), "no GPU, no gate: {out}");
     }
 }

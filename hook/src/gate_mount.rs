@@ -75,14 +75,14 @@ fn describe_source(m: &Mount) -> String {
 /// names it in the refusal.
 pub fn check(container: &[Mount], gate: &(String, String), gate_dir: &str) -> Result<(), NotTheGate> {
     let is_gate = |m: &Mount| m.major_minor == gate.0 && m.root == gate.1;
-    let at_pipe_dir = |m: &Mount| {
+    let at_container_mps_dir = |m: &Mount| {
         m.mount_point
             .strip_suffix(CONTAINER_PIPE_DIR)
             .is_some_and(|head| !head.ends_with('/'))
     };
     let gates: Vec<&Mount> = container
         .iter()
-        .filter(|m| is_gate(m) && at_pipe_dir(m))
+        .filter(|m| is_gate(m) && at_container_mps_dir(m))
         .collect();
     if gates.is_empty() {
         return Err(NotTheGate::Missing {

@@ -1,5 +1,5 @@
 //! The shim's file system work: read a bundle's config.json, replace it atomically, and create
-//! the daemon's pipe dir that runc bind-mounts.
+//! the container's gate dir that runc bind-mounts.
 
 use std::fs;
 use std::io::{self, Read};
@@ -31,8 +31,8 @@ pub enum BundleError {
     },
     #[error("cannot write {path}: {source}")]
     Write { path: PathBuf, source: io::Error },
-    #[error("cannot create the MPS pipe dir {path}: {source}")]
-    PipeDir { path: PathBuf, source: io::Error },
+    #[error("cannot create the container's MPS gate dir {path}: {source}")]
+    GateDir { path: PathBuf, source: io::Error },
 }
 
 pub fn config_path(bundle: &Path) -> PathBuf {
@@ -74,8 +74,8 @@ pub fn write_config_atomically(bundle: &Path, text: &str) -> Result<(), BundleEr
 /// `mkdir -p` of the container's gate dir, whatever the umask: the gate dir 0755 (the root of
 /// the container's /tmp/nvidia-mps, which its processes of any uid traverse), each missing
 /// parent (the state root, `gates`) 0700, so that host users reach no gate.
-pub fn create_pipe_dir(path: &Path) -> Result<(), BundleError> {
-    files::create_dir_in_private_parents(path, files::GATE_DIR_MODE).map_err(|source| BundleError::PipeDir {
+pub fn create_gate_dir(path: &Path) -> Result<(), BundleError> {
+    files::create_dir_in_private_parents(path, files::GATE_DIR_MODE).map_err(|source| BundleError::GateDir {
         path: path.to_path_buf(),
         source,
     })
@@ -169,7 +169,7 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         fs::set_permissions(dir.path(), fs::Permissions::from_mode(0o750)).unwrap();
         let gate = dir.path().join("root/gates/0123456789abcdef");
-        create_pipe_dir(&gate).unwrap();
+        create_gate_dir(&gate).unwrap();
         for (p, wanted) in [
             ("root", 0o700),
             ("root/gates", 0o700),
@@ -178,17 +178,17 @@ mod tests {
             assert_eq!(mode(&dir.path().join(p)), wanted, "{p}");
         }
         assert_eq!(mode(dir.path()), 0o750, "existing components are left alone");
-        create_pipe_dir(&gate).unwrap();
+        create_gate_dir(&gate).unwrap();
     }
 
     #[test]
-    fn pipe_dir_under_a_file_fails() {
+    fn gate_dir_under_a_file_fails() {
         let dir = tempfile::tempdir().unwrap();
         fs::write(dir.path().join("file"), "").unwrap();
-        let e = create_pipe_dir(&dir.path().join("file/pipe"))
+        let e = create_gate_dir(&dir.path().join("file/gate"))
             .unwrap_err()
             .to_string();
-        assert!(e.contains("file/pipe"), "{e}");
+        assert!(e.contains("file/gate"), "{e}");
     }
 
     #[test]

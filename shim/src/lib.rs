@@ -1,5 +1,5 @@
 //! gpu-mps-shim: an OCI runtime in front of runc. On `create` it rewrites the bundle's
-//! config.json for a container that got a GPU (MPS pipe dir, env, masked nvidia-smi, hooks),
+//! config.json for a container that got a GPU (MPS gate dir, env, masked nvidia-smi, hooks),
 //! then runc runs with the same arguments.
 //!
 //! The pure parts (argument parsing, GPU detection, limit resolution, the rewrite, log lines)

@@ -128,16 +128,16 @@ fn prepare_create(
     }
     let inventory = node_files::load_inventory(&config.inventory_path())?;
     let plan = parsed.plan(&config, &inventory, id)?;
-    if let (Some(text), Some(pipe_dir)) = (&plan.rewritten, &plan.client_pipe_dir) {
-        // runc bind-mounts the pipe dir (or gate dir) before the createRuntime hook starts the
-        // daemon (or the manager opens the gate in it).
-        bundle::create_pipe_dir(pipe_dir)?;
+    if let (Some(text), Some(gate_dir)) = (&plan.rewritten, &plan.gate_dir) {
+        // runc bind-mounts the gate dir before the createRuntime hook runs; the manager binds
+        // the gate's `control` socket in it at the Acquire that hook asks for.
+        bundle::create_gate_dir(gate_dir)?;
         bundle::write_config_atomically(&bundle, text)?;
         reporter.debug(format_args!(
-            "create {id} (bundle {}): {}; pipe dir {} ready",
+            "create {id} (bundle {}): {}; gate dir {} ready",
             bundle.display(),
             plan.reason,
-            pipe_dir.display()
+            gate_dir.display()
         ));
     }
     Ok((config.runc_path, None))

@@ -33,7 +33,7 @@ pub struct RewritePlan {
     pub acquire: Option<AcquireArgs>,
     /// The host directory the container sees at /tmp/nvidia-mps, which the shim creates: the
     /// container's gate dir (under every policy, docs/adr/0006).
-    pub client_pipe_dir: Option<PathBuf>,
+    pub gate_dir: Option<PathBuf>,
     /// One line saying why, for debug logs and `gpu-mps explain`.
     pub reason: String,
 }
@@ -163,7 +163,7 @@ impl ParsedSpec {
                 limits: None,
                 resolved_limits: None,
                 acquire: None,
-                client_pipe_dir: None,
+                gate_dir: None,
                 reason,
             });
         };
@@ -190,14 +190,14 @@ impl ParsedSpec {
         // Under every policy the container sees only its gate's `control`, never the daemon's
         // pipe dir: that one holds `control_privileged`, through which a root pod could change
         // or quit the daemon (measured on the H200, MPS-FACTS.md "Hostile tenants").
-        let client_pipe_dir = config.gate_dir(&ContainerId::parse(container_id)?);
+        let gate_dir = config.gate_dir(&ContainerId::parse(container_id)?);
         let env = spec_fields::env(&parsed.spec)?;
         let request = ResolvedRequest {
             daemon: daemon.clone(),
             limits: resolved.limits,
             cuda_processes: resolved.cuda_processes,
             identity,
-            client_pipe_dir: client_pipe_dir.clone(),
+            gate_dir: gate_dir.clone(),
             narrow_visible_devices: devices.trusted() && gpu_devices::env_names_devices(&env),
             memory_units: allocation.map(|(a, _)| a.units).unwrap_or_default(),
         };
@@ -216,7 +216,7 @@ impl ParsedSpec {
             resolved.processes_source,
             daemon.dir_name(),
             config.policy,
-            client_pipe_dir.display(),
+            gate_dir.display(),
         );
         Ok(RewritePlan {
             rewritten: Some(spec_text(&spec)?),
@@ -224,7 +224,7 @@ impl ParsedSpec {
             limits: Some(resolved.limits),
             resolved_limits: Some(resolved),
             acquire: Some(acquire),
-            client_pipe_dir: Some(client_pipe_dir),
+            gate_dir: Some(gate_dir),
             reason,
         })
     }

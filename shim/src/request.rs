@@ -113,7 +113,7 @@ pub struct ResolvedRequest {
     pub identity: CriIdentity,
     /// The host directory mounted at /tmp/nvidia-mps: the container's gate dir, under every
     /// policy (docs/adr/0006).
-    pub client_pipe_dir: PathBuf,
+    pub gate_dir: PathBuf,
     /// The GPUs came from sources the pod cannot write, and its own `NVIDIA_VISIBLE_DEVICES`
     /// names devices: it is set to these GPUs, so that a runtime after the shim
     /// (nvidia-container-runtime) does not hand the container the GPUs the pod wrote there.

@@ -1,6 +1,6 @@
 //! The spec rewrite for a container that got a GPU: exactly the changes docs/internals.md
 //! lists, and nothing else. Namespaces, `/dev/shm`, the user and capabilities stay as the pod
-//! asked: a containerized MPS client needs only the pipe dir.
+//! asked: a containerized MPS client needs only its gate dir.
 //!
 //! Rewriting an already rewritten spec gives the same spec, so a create retried on the same
 //! bundle does not stack hooks or env entries.
@@ -31,8 +31,8 @@ pub const MASKED_NVIDIA_SMI: [&str; 5] = [
 pub const MPS_ENV_PREFIX: &str = "CUDA_MPS_";
 /// Stripped: a client could use it to take more of the server's work queues than its share.
 pub const MAX_CONNECTIONS_ENV: &str = "CUDA_DEVICE_MAX_CONNECTIONS";
-/// Options of the pipe dir mount: the container may connect to the sockets, never change them.
-pub const PIPE_MOUNT_OPTIONS: [&str; 5] = ["rbind", "ro", "nosuid", "nodev", "noexec"];
+/// Options of the gate dir mount: the container may connect to the socket, never change it.
+pub const GATE_MOUNT_OPTIONS: [&str; 5] = ["rbind", "ro", "nosuid", "nodev", "noexec"];
 /// Seconds an OCI hook gets beyond its own timeout to report before runc kills it.
 pub const HOOK_TIMEOUT_MARGIN_SECONDS: u64 = 5;
 
@@ -91,13 +91,13 @@ fn rewrite_in_place(
     spec_fields::annotations(spec)?;
 
     let acquire = acquire_args(request, config);
-    let pipe_mount = pipe_mount(&request.client_pipe_dir)?;
+    let gate_mount = gate_mount(&request.gate_dir)?;
     let hook_timeout = config.hook_timeout_seconds + HOOK_TIMEOUT_MARGIN_SECONDS;
     let create_runtime = hook(&config.hook_path, acquire.to_hook_args(), hook_timeout)?;
     let socket = config.manager_socket().display().to_string();
     let poststop = hook(
         &config.hook_path,
-        release_hook_args(&socket, config.hook_timeout_seconds, &request.client_pipe_dir),
+        release_hook_args(&socket, config.hook_timeout_seconds, &request.gate_dir),
         hook_timeout,
     )?;
 
@@ -108,7 +108,7 @@ fn rewrite_in_place(
         .iter()
         .map(|m| m.destination() != Path::new(CONTAINER_PIPE_DIR));
     spec_mounts.retain(|_| kept.next().unwrap_or(true));
-    spec_mounts.push(pipe_mount);
+    spec_mounts.push(gate_mount);
 
     let process = object_entry(root, "process", "process")?;
     let limits = request.limits;
@@ -195,16 +195,16 @@ fn owned_env(entry: &str) -> bool {
     name.starts_with(MPS_ENV_PREFIX) || name == MAX_CONNECTIONS_ENV
 }
 
-fn pipe_mount(pipe_dir: &Path) -> Result<Value, RewriteError> {
+fn gate_mount(gate_dir: &Path) -> Result<Value, RewriteError> {
     let build = |message: String| RewriteError::Build {
-        what: "pipe dir mount",
+        what: "gate dir mount",
         message,
     };
     let mount = MountBuilder::default()
         .destination(CONTAINER_PIPE_DIR)
         .typ("bind")
-        .source(pipe_dir)
-        .options(PIPE_MOUNT_OPTIONS.map(String::from).to_vec())
+        .source(gate_dir)
+        .options(GATE_MOUNT_OPTIONS.map(String::from).to_vec())
         .build()
         .map_err(|e| build(e.to_string()))?;
     serde_json::to_value(mount).map_err(|e| build(e.to_string()))
@@ -254,7 +254,7 @@ mod tests {
                 pod: "pod".into(),
                 container_name: "infer".into(),
             },
-            client_pipe_dir: "/run/gpu-mps/gates/0123456789abcdef".into(),
+            gate_dir: "/run/gpu-mps/gates/0123456789abcdef".into(),
             narrow_visible_devices: false,
             memory_units: Vec::new(),
         }

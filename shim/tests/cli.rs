@@ -42,7 +42,7 @@ struct Fixture {
 
 impl Fixture {
     /// A node with the golden inventory and a bundle holding golden case `case`'s input.
-    /// Under policy uniform, so that the container sees its daemon's pipe dir; the exact
+    /// Under policy uniform (the container sees its gate dir under every policy); the exact
     /// tests pass their own `[limits]`.
     fn new(case: &str) -> Self {
         Self::with_config(case, "[limits]\npolicy = \"uniform\"\n")
@@ -200,7 +200,7 @@ fn strings(args: &[&str]) -> Vec<String> {
 }
 
 #[test]
-fn create_rewrites_the_spec_makes_the_pipe_dir_and_passes_the_arguments_unchanged() {
+fn create_rewrites_the_spec_makes_the_gate_dir_and_passes_the_arguments_unchanged() {
     let f = Fixture::new("env-uuid");
     let (bundle, log) = (f.bundle_arg(), f.log().to_str().unwrap().to_string());
     let pid_file = format!("{bundle}/init.pid");
@@ -490,7 +490,7 @@ fn a_missing_runc_is_reported() {
 }
 
 #[test]
-fn pipe_dir_and_config_modes_do_not_depend_on_the_umask() {
+fn gate_dir_and_config_modes_do_not_depend_on_the_umask() {
     let f = Fixture::new("env-uuid");
     let mut cmd = f.command("/bin/sh");
     cmd.args([
@@ -745,7 +745,7 @@ fn under_policy_exact_create_makes_the_containers_gate_dir_and_mounts_it() {
     assert_eq!(mode(&gate), 0o755);
     assert!(
         !f.pipe_dir(GPU0).exists(),
-        "the daemon's pipe dir is the manager's business under exact"
+        "the daemon's pipe dir is the manager's business under every policy"
     );
     let spec: serde_json::Value =
         serde_json::from_str(&fs::read_to_string(f.config_json()).unwrap()).unwrap();

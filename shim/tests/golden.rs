@@ -318,7 +318,7 @@ fn a_cuda_images_env_without_a_scheduled_gpu_is_only_voided() {
     assert!(!case.config.trust_visible_devices_env);
     let plan = case.outcome().unwrap();
     assert_eq!(
-        (&plan.daemon, &plan.limits, &plan.acquire, &plan.client_pipe_dir),
+        (&plan.daemon, &plan.limits, &plan.acquire, &plan.gate_dir),
         (&None, &None, &None, &None)
     );
     assert!(

@@ -7,7 +7,7 @@ use serde::Serialize;
 use serde::de::DeserializeOwned;
 use serde_json::Value;
 
-/// Where a GPU container sees its daemon's pipe dir.
+/// Where a GPU container sees its gate dir.
 pub use gpu_mps_api::CONTAINER_PIPE_DIR;
 pub use gpu_mps_checker::{
     CLI_CANNOT_SEND, CUDA_REFUSED, DevShm, Mount, MpsClient, MpsProcesses, MpsRaw, MpsStall, MpsUi,

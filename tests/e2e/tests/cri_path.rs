@@ -541,8 +541,8 @@ fn cdi_report_container(name: &str, gpu_uuid: &str) -> ContainerSpec {
         .annotation(DEVICE_PLUGIN_ANNOTATION, &cdi::gpu_device(gpu_uuid))
 }
 
-/// What the container's own process saw: the pod's limits in its env, and its GPU's daemon's
-/// pipe dir, read-only, at /tmp/nvidia-mps with the control socket in it.
+/// What the container's own process saw: the pod's limits in its env, and its gate dir,
+/// read-only, at /tmp/nvidia-mps with the control socket in it.
 fn sees_its_daemon(
     node: &GpuNode,
     report: &Report,

@@ -45,7 +45,7 @@ async fn report_of(node: &GpuNode, run: &CtrRun) -> Result<Report> {
     Report::parse(out.last_line())
 }
 
-/// The env, the read-only pipe dir of ITS GPU's daemon, a private /dev/shm and IPC namespace,
+/// The env, its own read-only gate dir, on ITS GPU's daemon, a private /dev/shm and IPC namespace,
 /// nvidia-smi masked, no capability added; and the fake daemon serves the pod's limits.
 async fn gpu_container_sees_its_daemon(suite: Suite) -> Result<()> {
     let node = GpuNode::start(&suite, LimitsConfig::uniform()).await?;
@@ -190,7 +190,7 @@ async fn gpu_container_sees_its_daemon(suite: Suite) -> Result<()> {
 }
 
 /// A container that sets CUDA_MPS_* itself and mounts something at /tmp/nvidia-mps still gets
-/// the pod's limits and its daemon's pipe dir: the shim strips the overrides, it does not only
+/// the pod's limits and its gate dir: the shim strips the overrides, it does not only
 /// append (getenv returns the FIRST of duplicate names).
 async fn container_cannot_override_the_shim(suite: Suite) -> Result<()> {
     let node = GpuNode::start(&suite, LimitsConfig::uniform()).await?;
