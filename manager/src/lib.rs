@@ -7,7 +7,6 @@ pub mod compute_mode;
 pub mod core;
 pub mod fault_watch;
 pub mod gate;
-pub mod gate_keeper;
 pub mod gpu_backend;
 pub mod lease;
 pub mod lease_files;

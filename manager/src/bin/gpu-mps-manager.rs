@@ -11,9 +11,9 @@ use std::time::Duration;
 use clap::Parser;
 use gpu_mps_api::message::error_chain_line;
 use gpu_mps_api::node_config::{self, NodeConfig};
+use gpu_mps_gate_keeper::{self as gate_keeper, KeeperClient};
 use gpu_mps_manager::core::{ManagerCore, StartOptions};
 use gpu_mps_manager::gate::ListenerStore;
-use gpu_mps_manager::gate_keeper::{self, HeldKind, KeeperClient};
 use gpu_mps_manager::gpu_backend::{self, FileBackend, GpuBackend, NvmlBackend};
 use gpu_mps_manager::metrics::{self, Exposition, LevelSource, Metrics};
 use gpu_mps_manager::mps_control::CliControl;
@@ -199,31 +199,27 @@ async fn start_gate_keeper(root: &Path) -> (Option<Arc<KeeperClient>>, HashMap<S
         let keeper_args = [OsString::from("--gate-keeper"), root.clone().into_os_string()];
         let keeper = KeeperClient::connect_or_spawn(&root, &exe, &keeper_args)?;
         let pid = keeper.ping()?;
+        let version = keeper.protocol_version()?;
         let held = keeper.take()?;
-        anyhow::Ok((keeper, pid, held))
+        anyhow::Ok((keeper, pid, version, held))
     })
     .await
     .map_err(anyhow::Error::from)
     .and_then(|found| found);
-    let (keeper, pid, held) = match found {
+    let (keeper, pid, version, held) = match found {
         Ok(found) => found,
         Err(e) => {
             tracing::error!(error = %e, "no gate keeper: while this manager restarts, its gates will not listen");
             return (None, HashMap::new());
         }
     };
-    let mut inherited = HashMap::new();
-    for held in held {
-        match held.kind {
-            HeldKind::Listener => {
-                inherited.insert(held.name, held.fd);
-            }
-            // No manager parks connections yet; one that did would need them served here.
-            HeldKind::Parked => {
-                tracing::warn!(gate = %held.name, "a parked connection from the gate keeper, not served: closed");
-            }
-        }
-    }
-    tracing::info!(pid, inherited = inherited.len(), "gate keeper");
+    let inherited: HashMap<String, OwnedFd> = held.into_iter().map(|held| (held.name, held.fd)).collect();
+    // A keeper outlives upgrades: the one found may be older than this manager.
+    tracing::info!(
+        pid,
+        protocol_version = version,
+        inherited = inherited.len(),
+        "gate keeper"
+    );
     (Some(Arc::new(keeper)), inherited)
 }

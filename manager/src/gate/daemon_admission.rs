@@ -549,7 +549,7 @@ impl Owner {
         };
         let answer_ms = started.elapsed().as_millis() as u64;
         let channel = wire::is_channel_answer(&answer.bytes, answer.fd_count());
-        if seqpacket::send_message(client, &answer.bytes, answer.raw_fds(), None)
+        if seqpacket::send_message(client, &answer.bytes, &answer.fds(), None)
             .await
             .is_err()
         {

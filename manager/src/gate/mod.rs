@@ -21,7 +21,7 @@
 //! Bounds: at most `connections_per_container` connections of a container are open at once
 //! (the rest wait in the listen backlog, which costs the manager no descriptor), and at most
 //! `max_connections` on the node. The listening sockets are also held by the gate keeper
-//! (crate::gate_keeper), so a connection made while the manager restarts waits in the backlog
+//! (the gate keeper, crate gpu-mps-gate-keeper), so a connection made while the manager restarts waits in the backlog
 //! for the next manager.
 
 pub mod daemon_admission;
@@ -82,11 +82,23 @@ pub struct GateBounds {
 }
 
 /// Where a gate's listening socket is kept beside the manager, so that it outlives a restart
-/// (crate::gate_keeper). Failures are logged, never fatal: the gate works without it, only a
-/// restart would leave its socket unserved.
+/// (the gate keeper, crate gpu-mps-gate-keeper). Failures are logged, never fatal: the gate
+/// works without it, only a restart would leave its socket unserved.
 pub trait ListenerStore: Send + Sync {
     fn keep(&self, name: &str, listener: BorrowedFd<'_>) -> Result<(), String>;
     fn forget(&self, name: &str) -> Result<(), String>;
+}
+
+/// The gates keep their listening sockets in the keeper. Blocking: a hung keeper costs a gate
+/// open or close `CALL_TIMEOUT` or two, then an error the gate logs.
+impl ListenerStore for gpu_mps_gate_keeper::KeeperClient {
+    fn keep(&self, name: &str, listener: BorrowedFd<'_>) -> Result<(), String> {
+        self.put_listener(name, listener).map_err(|e| e.to_string())
+    }
+
+    fn forget(&self, name: &str) -> Result<(), String> {
+        self.drop_name(name).map_err(|e| e.to_string())
+    }
 }
 
 /// What one container's gate admits to.
@@ -150,6 +162,21 @@ struct GateState {
     /// Shared with the daemon's owner, which checks it again right before it serves a job
     /// that was queued before the block.
     blocked: Arc<StdMutex<Option<String>>>,
+}
+
+impl GateState {
+    fn new(budget: ProcessBudget) -> Self {
+        GateState {
+            budget: StdMutex::new(budget),
+            refusals: AtomicU32::new(0),
+            last_refusal: StdMutex::new(String::new()),
+            refusal_log: StdMutex::new(refusal_log::RefusalLog::default()),
+            connections: AtomicU32::new(0),
+            waiting_logged: AtomicBool::new(false),
+            listing_failed_logged: AtomicBool::new(false),
+            blocked: Arc::new(StdMutex::new(None)),
+        }
+    }
 }
 
 struct OpenGate {
@@ -258,16 +285,7 @@ impl Gates {
         for process in &target.running {
             budget.seed(*process);
         }
-        let state = Arc::new(GateState {
-            budget: StdMutex::new(budget),
-            refusals: AtomicU32::new(0),
-            last_refusal: StdMutex::new(String::new()),
-            refusal_log: StdMutex::new(refusal_log::RefusalLog::default()),
-            connections: AtomicU32::new(0),
-            waiting_logged: AtomicBool::new(false),
-            listing_failed_logged: AtomicBool::new(false),
-            blocked: Arc::new(StdMutex::new(None)),
-        });
+        let state = Arc::new(GateState::new(budget));
         info!(container = %target.container, owner = %target.owner, daemon = %target.daemon, limits = %target.limits, cuda_processes = target.cuda_processes, running = ?target.running.iter().map(|p| p.pid).collect::<Vec<_>>(), class = ?target.class(), gate = %target.gate_dir.display(), socket = how, "gate open");
         let serving = Serving {
             target: Arc::new(target),
@@ -479,6 +497,30 @@ impl Drop for Slot {
     }
 }
 
+/// A request [`ProcessBudget::decide`] let through: it counts against the container's CUDA
+/// processes until it is confirmed (the client got its channel) or dropped, which gives it back
+/// on every other way out of the connection, its task aborted by a closing gate included.
+struct ProcessReservation {
+    state: Arc<GateState>,
+    process: ProcessIdentity,
+    confirmed: bool,
+}
+
+impl ProcessReservation {
+    fn confirm(mut self) {
+        lock(&self.state.budget).confirm(self.process);
+        self.confirmed = true;
+    }
+}
+
+impl Drop for ProcessReservation {
+    fn drop(&mut self) {
+        if !self.confirmed {
+            lock(&self.state.budget).release(self.process);
+        }
+    }
+}
+
 async fn serve_gate(
     listener: AsyncFd<UnixListener>,
     serving: Serving,
@@ -655,7 +697,11 @@ async fn serve_connection(stream: UnixStream, slot: Slot, serving: Serving) {
         }
     }
     // Every path that ends without a channel gives the request back to the budget.
-    let release = || lock(&serving.state.budget).release(process);
+    let reservation = ProcessReservation {
+        state: serving.state.clone(),
+        process,
+        confirmed: false,
+    };
     let started = Instant::now();
     let _waiting = serving.metrics.gate_connection_waits(&target.daemon);
     let mut client = client;
@@ -663,7 +709,6 @@ async fn serve_connection(stream: UnixStream, slot: Slot, serving: Serving) {
     loop {
         // Checked again at every attempt: a retrying client must not outlive a block.
         if let Some(reason) = lock(&serving.state.blocked).clone() {
-            release();
             refuse(&serving, client_pid, GateRefusal::Blocked, &reason);
             return;
         }
@@ -677,7 +722,6 @@ async fn serve_connection(stream: UnixStream, slot: Slot, serving: Serving) {
             done: done_tx,
         };
         if serving.admission.submit(job).is_err() {
-            release();
             error!(container = %target.container, daemon = %target.daemon, "gate: the daemon's admission task is gone");
             return;
         }
@@ -688,37 +732,32 @@ async fn serve_connection(stream: UnixStream, slot: Slot, serving: Serving) {
             limits_set,
         }) = done_rx.await
         else {
-            release();
             return;
         };
         client = returned;
         match outcome {
             Outcome::Admitted { answer_ms, acked } => {
                 serving.metrics.gate_admitted(started.elapsed());
-                lock(&serving.state.budget).confirm(process);
+                reservation.confirm();
                 serving.state.waiting_logged.store(false, Ordering::Relaxed);
                 debug!(container = %target.container, client_pid, waited_ms = waited.as_millis() as u64, answer_ms, acked, limits_set, total_ms = started.elapsed().as_millis() as u64, "gate: client admitted");
                 drop(slot);
                 return;
             }
             Outcome::Blocked(reason) => {
-                release();
                 refuse(&serving, client_pid, GateRefusal::Blocked, &reason);
                 return;
             }
             Outcome::Answered(what) => {
-                release();
                 warn!(container = %target.container, owner = %target.owner, client_pid, daemon = %target.daemon, "gate: the MPS daemon did not give the client a channel: {what}; passed on to the client");
                 return;
             }
             Outcome::ClientGone => {
-                release();
                 debug!(container = %target.container, client_pid, "gate: the client left before it was served");
                 return;
             }
             Outcome::Failed { why, .. } => {
                 if started.elapsed() + backoff > serving.timings.queue_timeout {
-                    release();
                     refuse(
                         &serving,
                         client_pid,
@@ -738,7 +777,6 @@ async fn serve_connection(stream: UnixStream, slot: Slot, serving: Serving) {
         tokio::select! {
             _ = tokio::time::sleep(backoff) => {}
             () = client_left(&client) => {
-                release();
                 info!(container = %target.container, client_pid, "gate: a waiting client left");
                 return;
             }
@@ -962,4 +1000,51 @@ async fn client_left(client: &AsyncFd<UnixStream>) {
 fn lock<T>(m: &StdMutex<T>) -> std::sync::MutexGuard<'_, T> {
     // Plain data: a panic elsewhere cannot leave it half-written.
     m.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+    use super::*;
+
+    fn reserve(state: &Arc<GateState>, process: ProcessIdentity) -> ProcessReservation {
+        let decision = lock(&state.budget).decide(process, |_| true, Some(ServerClients::default()));
+        assert!(
+            matches!(decision, Decision::Reserved | Decision::Known),
+            "{decision:?}"
+        );
+        ProcessReservation {
+            state: state.clone(),
+            process,
+            confirmed: false,
+        }
+    }
+
+    #[test]
+    fn a_reservation_is_given_back_when_dropped_and_kept_when_confirmed() {
+        let state = Arc::new(GateState::new(ProcessBudget::new(1)));
+        let me = ProcessIdentity::of(std::process::id()).unwrap();
+        let other = ProcessIdentity {
+            pid: me.pid + 1,
+            ..me
+        };
+        let over = |state: &Arc<GateState>, who| {
+            matches!(
+                lock(&state.budget).decide(who, |_| true, Some(ServerClients::default())),
+                Decision::OverBudget { .. }
+            )
+        };
+
+        // Dropped (every way out of a connection but a channel): the place is free again.
+        drop(reserve(&state, me));
+        assert!(
+            !over(&state, other),
+            "the dropped reservation gave its place back"
+        );
+        lock(&state.budget).release(other);
+
+        // Confirmed: the process holds its place.
+        reserve(&state, me).confirm();
+        assert!(over(&state, other), "a confirmed process keeps its place");
+    }
 }

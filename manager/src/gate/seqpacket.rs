@@ -1,6 +1,7 @@
 //! SOCK_SEQPACKET unix sockets for the connect gate: the gate's listening `control` socket, the
 //! connection to the daemon's, and moving one message with its credentials and passed file
-//! descriptors from one socket to the other.
+//! descriptors from one socket to the other (through the gate keeper's `fd_passing`, the one
+//! place that owns received descriptors).
 //!
 //! What crosses an MPS control socket (measured on the H200, MPS-FACTS.md and
 //! docs/gpu-results.md section 5): whole messages, the client's SCM_CREDENTIALS, and in the
@@ -8,25 +9,21 @@
 //! forwards each message as it came, with the client's credentials attached on the way to the
 //! daemon: the daemon must see the client's pid and uid, never the manager's.
 
-use std::io::{self, IoSlice, IoSliceMut};
-use std::os::fd::{AsRawFd, RawFd};
+use std::io;
+use std::os::fd::{AsFd, AsRawFd, BorrowedFd, OwnedFd};
 use std::os::unix::fs::PermissionsExt;
 use std::os::unix::net::{UnixListener, UnixStream};
 use std::path::Path;
 
-use nix::cmsg_space;
+use gpu_mps_gate_keeper::fd_passing;
 use nix::sys::socket::{
-    self, AddressFamily, Backlog, ControlMessage, ControlMessageOwned, MsgFlags, SockFlag, SockType,
-    UnixAddr, UnixCredentials, sockopt,
+    self, AddressFamily, Backlog, MsgFlags, SockFlag, SockType, UnixAddr, UnixCredentials, sockopt,
 };
 use tokio::io::unix::AsyncFd;
 
 /// Largest message relayed. MPS control messages are far smaller (docs/gpu-results.md
 /// section 5); a longer one is refused rather than cut.
 pub const MAX_MESSAGE: usize = 64 * 1024;
-/// Most descriptors one message may pass: the kernel's SCM_MAX_FD, so that no message can have
-/// its descriptors cut off (a cut would leave them open in the manager, out of reach).
-const MAX_FDS: usize = 253;
 
 /// The socket a container connects to: bound under a temporary name and renamed over
 /// `<dir>/control`, so that a manager restart replaces the old socket without a moment in which
@@ -99,140 +96,43 @@ pub fn peek_closed(stream: &UnixStream) -> io::Result<bool> {
     Ok(n == 0)
 }
 
-/// One message as it crossed the gate, for the trace log.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Relayed {
-    pub bytes: usize,
-    pub fds: usize,
-    /// The pid in the credentials forwarded with it, if any.
-    pub credentials_pid: Option<i32>,
-    /// The pid in the credentials the message arrived with, if any.
-    pub message_credentials_pid: Option<i32>,
-}
-
-/// Which credentials go with a message to the other side.
-#[derive(Debug, Clone, Copy)]
-pub enum Credentials {
-    /// Toward the daemon: the client's, as the kernel recorded them when it connected
-    /// (SO_PEERCRED). Not those in the message: a privileged process could write any pid there,
-    /// and the manager sends them on as root.
-    OfClient(UnixCredentials),
-    /// Toward the client: none of the gate's own choosing (the kernel attaches the manager's,
-    /// uid 0 like the daemon, if the client asks for them).
-    None,
-}
-
-/// What one step of a relay did.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Step {
-    Moved(Relayed),
-    /// `from` reached end of stream.
-    Ended,
-    /// Readiness was stale; wait for it again.
-    NotReady,
-}
-
-/// Moves one message from `from` to `to`, once `from` reported readiness. It never waits for
-/// `from`, so a caller that selects on the readiness of both directions cannot lose a message
-/// taken off one socket to the cancellation of its branch.
-pub async fn relay_one(
-    from: &AsyncFd<UnixStream>,
-    to: &AsyncFd<UnixStream>,
-    credentials: Credentials,
-) -> io::Result<Step> {
-    let mut buf = vec![0u8; MAX_MESSAGE];
-    let received = {
-        let mut guard = from.readable().await?;
-        match guard.try_io(|s| receive(s.get_ref().as_raw_fd(), &mut buf)) {
-            Ok(result) => result?,
-            Err(_would_block) => return Ok(Step::NotReady),
-        }
-    };
-    let Some(received) = received else {
-        return Ok(Step::Ended);
-    };
-    let creds = match credentials {
-        Credentials::OfClient(peer) => Some(peer),
-        Credentials::None => None,
-    };
-    // Passed on (the receiver has its own copies) or not, ours are closed when `received`
-    // drops, also when this future is dropped while it waits to send.
-    send(to, &buf[..received.bytes], &received.fds.0, creds.as_ref()).await?;
-    Ok(Step::Moved(Relayed {
-        bytes: received.bytes,
-        fds: received.fds.0.len(),
-        credentials_pid: creds.map(|c| c.pid()),
-        message_credentials_pid: received.credentials.map(|c| c.pid()),
-    }))
-}
-
-/// Descriptors received with a message; closed on drop.
-struct ReceivedFds(Vec<RawFd>);
-
-impl Drop for ReceivedFds {
-    fn drop(&mut self) {
-        for fd in &self.0 {
-            let _ = nix::unistd::close(*fd);
-        }
-    }
-}
-
-struct Received {
-    bytes: usize,
-    fds: ReceivedFds,
-    credentials: Option<UnixCredentials>,
-}
-
-fn receive(fd: RawFd, buf: &mut [u8]) -> io::Result<Option<Received>> {
-    let mut cmsg = cmsg_space!(libc::ucred, [RawFd; MAX_FDS]);
-    let mut iov = [IoSliceMut::new(buf)];
-    let msg = socket::recvmsg::<()>(
-        fd,
-        &mut iov,
-        Some(&mut cmsg),
-        MsgFlags::MSG_DONTWAIT | MsgFlags::MSG_CMSG_CLOEXEC,
-    )?;
-    let mut fds = ReceivedFds(Vec::new());
-    let mut credentials = None;
-    for c in msg.cmsgs()? {
-        match c {
-            ControlMessageOwned::ScmRights(r) => fds.0.extend(r),
-            ControlMessageOwned::ScmCredentials(c) => credentials = Some(c),
-            _ => {}
-        }
-    }
-    let (bytes, flags) = (msg.bytes, msg.flags);
-    if flags.intersects(MsgFlags::MSG_TRUNC | MsgFlags::MSG_CTRUNC) {
-        return Err(io::Error::other(format!(
-            "a message did not fit ({bytes} bytes read, flags {flags:?}; at most {MAX_MESSAGE} bytes and {MAX_FDS} descriptors)"
-        )));
-    }
-    if bytes == 0 && fds.0.is_empty() && credentials.is_none() {
-        return Ok(None);
-    }
-    Ok(Some(Received {
-        bytes,
-        fds,
-        credentials,
-    }))
-}
-
 /// One whole message taken off a socket, with what came with it. Its descriptors are closed
 /// when it drops (after they were passed on, the receiver holds its own copies).
 pub struct Message {
     pub bytes: Vec<u8>,
-    fds: ReceivedFds,
+    fds: Vec<OwnedFd>,
     pub credentials: Option<UnixCredentials>,
 }
 
 impl Message {
     pub fn fd_count(&self) -> usize {
-        self.fds.0.len()
+        self.fds.len()
     }
 
-    pub fn raw_fds(&self) -> &[RawFd] {
-        &self.fds.0
+    pub fn fds(&self) -> Vec<BorrowedFd<'_>> {
+        self.fds.iter().map(|fd| fd.as_fd()).collect()
     }
+}
+
+/// One message off a non-blocking socket; `None` at end of stream. A message that did not fit
+/// is an error: relayed cut, it would be another message.
+fn receive(socket: BorrowedFd<'_>, buf: &mut [u8]) -> io::Result<Option<Message>> {
+    let received = fd_passing::receive(socket, buf, MsgFlags::MSG_DONTWAIT)?;
+    if received.cut {
+        return Err(io::Error::other(format!(
+            "a message did not fit ({} bytes read; at most {MAX_MESSAGE} bytes and {} descriptors)",
+            received.bytes,
+            fd_passing::MAX_FDS
+        )));
+    }
+    if received.is_end_of_stream() {
+        return Ok(None);
+    }
+    Ok(Some(Message {
+        bytes: buf[..received.bytes].to_vec(),
+        fds: received.fds,
+        credentials: received.credentials,
+    }))
 }
 
 /// Waits for one message and takes it; `None` at end of stream. Cancel-safe: the message is
@@ -241,52 +141,29 @@ pub async fn recv_message(from: &AsyncFd<UnixStream>) -> io::Result<Option<Messa
     let mut buf = vec![0u8; MAX_MESSAGE];
     loop {
         let mut guard = from.readable().await?;
-        match guard.try_io(|s| receive(s.get_ref().as_raw_fd(), &mut buf)) {
-            Ok(received) => {
-                return Ok(received?.map(|r| Message {
-                    bytes: buf[..r.bytes].to_vec(),
-                    fds: r.fds,
-                    credentials: r.credentials,
-                }));
-            }
+        match guard.try_io(|s| receive(s.get_ref().as_fd(), &mut buf)) {
+            Ok(received) => return received,
             Err(_would_block) => continue,
         }
     }
 }
 
-/// Sends one message, with descriptors and credentials if given.
+/// Sends one message, with descriptors (the receiver gets its own) and credentials if given.
 pub async fn send_message(
     to: &AsyncFd<UnixStream>,
     data: &[u8],
-    fds: &[RawFd],
+    fds: &[BorrowedFd<'_>],
     credentials: Option<&UnixCredentials>,
 ) -> io::Result<()> {
-    send(to, data, fds, credentials).await
-}
-
-async fn send(
-    to: &AsyncFd<UnixStream>,
-    data: &[u8],
-    fds: &[RawFd],
-    credentials: Option<&UnixCredentials>,
-) -> io::Result<()> {
-    let mut cmsgs = Vec::new();
-    if let Some(c) = credentials {
-        cmsgs.push(ControlMessage::ScmCredentials(c));
-    }
-    if !fds.is_empty() {
-        cmsgs.push(ControlMessage::ScmRights(fds));
-    }
-    let iov = [IoSlice::new(data)];
     loop {
         let mut guard = to.writable().await?;
         let sent = guard.try_io(|s| {
-            socket::sendmsg::<()>(
-                s.get_ref().as_raw_fd(),
-                &iov,
-                &cmsgs,
-                MsgFlags::MSG_DONTWAIT | MsgFlags::MSG_NOSIGNAL,
-                None,
+            fd_passing::send(
+                s.get_ref().as_fd(),
+                data,
+                fds,
+                credentials,
+                MsgFlags::MSG_DONTWAIT,
             )
             .map_err(io::Error::from)
         });
@@ -335,91 +212,66 @@ mod tests {
         socket::setsockopt(&daemon, sockopt::PassCred, &true).unwrap();
         socket::setsockopt(&gate_in, sockopt::PassCred, &true).unwrap();
         let (gate_in, gate_out) = (nonblocking(gate_in), nonblocking(gate_out));
+        let me = UnixCredentials::new();
 
-        // Two messages keep their boundaries.
+        // Two messages keep their boundaries; each arrives with the sender's credentials and
+        // leaves with those the gate chose (the client's, as SO_PEERCRED recorded them).
         (&client).write_all(b"hello").unwrap();
         (&client).write_all(b"second").unwrap();
-        let me = UnixCredentials::new();
-        for expected in [5, 6] {
-            let r = moved(&gate_in, &gate_out, Credentials::OfClient(me)).await;
-            assert_eq!(r.bytes, expected);
-            assert_eq!(r.credentials_pid, Some(std::process::id() as i32));
+        for expected in [&b"hello"[..], b"second"] {
+            let m = recv_message(&gate_in).await.unwrap().unwrap();
+            assert_eq!(m.bytes, expected);
+            assert_eq!(m.credentials.map(|c| c.pid()), Some(std::process::id() as i32));
+            send_message(&gate_out, &m.bytes, &m.fds(), Some(&me))
+                .await
+                .unwrap();
         }
         let mut buf = [0u8; 64];
-        let mut cmsg = cmsg_space!(libc::ucred);
-        let mut iov = [IoSliceMut::new(&mut buf)];
-        let msg =
-            socket::recvmsg::<()>(daemon.as_raw_fd(), &mut iov, Some(&mut cmsg), MsgFlags::empty()).unwrap();
-        assert_eq!(msg.bytes, 5);
-        let creds: Vec<_> = msg
-            .cmsgs()
-            .unwrap()
-            .filter_map(|c| match c {
-                ControlMessageOwned::ScmCredentials(c) => Some(c.pid()),
-                _ => None,
-            })
-            .collect();
-        assert_eq!(creds, vec![std::process::id() as i32]);
+        let first = fd_passing::receive(daemon.as_fd(), &mut buf, MsgFlags::empty()).unwrap();
+        assert_eq!(first.bytes, 5);
+        assert_eq!(
+            first.credentials.map(|c| c.pid()),
+            Some(std::process::id() as i32)
+        );
         assert_eq!((&daemon).read(&mut buf).unwrap(), 6);
 
-        // The daemon passes a descriptor; the client receives a working one.
+        // The daemon passes a descriptor; the client receives a working one, and the gate
+        // keeps no copy once the message is dropped.
         let (keep, pass) = pair();
-        let fds = [pass.as_raw_fd()];
-        socket::sendmsg::<()>(
-            daemon.as_raw_fd(),
-            &[IoSlice::new(b"fd")],
-            &[ControlMessage::ScmRights(&fds)],
-            MsgFlags::empty(),
-            None,
-        )
-        .unwrap();
+        fd_passing::send(daemon.as_fd(), b"fd", &[pass.as_fd()], None, MsgFlags::empty()).unwrap();
         drop(pass);
-        let r = moved(&gate_out, &gate_in, Credentials::None).await;
-        assert_eq!((r.bytes, r.fds, r.credentials_pid), (2, 1, None));
-        let mut cmsg = cmsg_space!([RawFd; 2]);
-        let mut iov = [IoSliceMut::new(&mut buf)];
-        let msg =
-            socket::recvmsg::<()>(client.as_raw_fd(), &mut iov, Some(&mut cmsg), MsgFlags::empty()).unwrap();
-        let got: Vec<RawFd> = msg
-            .cmsgs()
-            .unwrap()
-            .flat_map(|c| match c {
-                ControlMessageOwned::ScmRights(r) => r,
-                _ => Vec::new(),
-            })
-            .collect();
-        assert_eq!(got.len(), 1);
-        let received = UnixStream::from(owned(got[0]));
+        let with_fd = recv_message(&gate_out).await.unwrap().unwrap();
+        assert_eq!((with_fd.bytes.as_slice(), with_fd.fd_count()), (&b"fd"[..], 1));
+        send_message(&gate_in, &with_fd.bytes, &with_fd.fds(), None)
+            .await
+            .unwrap();
+        drop(with_fd);
+        let got = fd_passing::receive(client.as_fd(), &mut buf, MsgFlags::empty()).unwrap();
+        assert_eq!(got.fds.len(), 1);
+        let received = UnixStream::from(got.fds.into_iter().next().unwrap());
         (&received).write_all(b"through").unwrap();
         assert_eq!((&keep).read(&mut buf).unwrap(), 7);
+        drop(received);
+        keep.set_read_timeout(Some(std::time::Duration::from_secs(5)))
+            .unwrap();
+        assert_eq!(
+            (&keep).read(&mut buf).unwrap(),
+            0,
+            "no copy left open in the gate"
+        );
 
         // End of stream is reported, not relayed as a message.
         drop(client);
-        assert_eq!(
-            relay_one(&gate_in, &gate_out, Credentials::OfClient(me))
-                .await
-                .unwrap(),
-            Step::Ended
-        );
+        assert!(recv_message(&gate_in).await.unwrap().is_none());
     }
 
-    async fn moved(from: &AsyncFd<UnixStream>, to: &AsyncFd<UnixStream>, c: Credentials) -> Relayed {
-        loop {
-            match relay_one(from, to, c).await.unwrap() {
-                Step::Moved(r) => return r,
-                Step::NotReady => continue,
-                Step::Ended => panic!("ended"),
-            }
-        }
-    }
-
-    fn owned(fd: RawFd) -> std::os::fd::OwnedFd {
-        // A test-only adoption of a descriptor received over SCM_RIGHTS.
-        #[allow(unsafe_code)]
-        // SAFETY: `fd` was just received over SCM_RIGHTS; nothing else owns it.
-        unsafe {
-            std::os::fd::FromRawFd::from_raw_fd(fd)
-        }
+    #[tokio::test]
+    async fn a_message_longer_than_the_largest_is_refused_not_cut() {
+        let (client, gate_in) = pair();
+        let gate_in = nonblocking(gate_in);
+        (&client).write_all(&vec![7u8; MAX_MESSAGE + 1]).unwrap();
+        let e = recv_message(&gate_in).await.err().expect("refused");
+        assert!(e.to_string().contains("did not fit"), "{e}");
     }
 
     #[test]
