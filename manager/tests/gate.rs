@@ -17,6 +17,7 @@ use std::time::{Duration, Instant};
 
 use async_trait::async_trait;
 use gpu_mps_api::{ContainerId, DaemonKey, Limits};
+use gpu_mps_gate_keeper::fd_passing;
 use gpu_mps_manager::gate::{GateBounds, GateTarget, GateTimings, Gates, seqpacket, wire};
 use gpu_mps_manager::mps_control::{self, ControlError, MpsControl};
 use nix::cmsg_space;
@@ -534,7 +535,7 @@ fn run_relay_child(role: &str, gate: &Path) -> Option<UnixStream> {
         .unwrap();
     assert!(status.success(), "the {role} child failed: {status}");
     here.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
-    let got = recv_keeping_fd(&here).map(adopt);
+    let got = recv_fd(&here).map(UnixStream::from);
     if let Some(s) = &got {
         s.set_read_timeout(Some(Duration::from_secs(20))).unwrap();
     }
@@ -563,40 +564,20 @@ fn relay_child() {
             recv(&s).expect("the gate's hello");
             send(&s, wire::CREDENTIALS, None);
             send(&s, &wire::KIND_CUDA_CLIENT.to_le_bytes(), None);
-            if let Some(channel) = recv_keeping_fd(&s) {
+            if let Some(channel) = recv_fd(&s) {
                 send(&s, wire::CLIENT_ACK, None);
-                send(&back, b"channel", Some(channel));
+                send(&back, b"channel", Some(channel.as_raw_fd()));
             }
         }
         other => panic!("unknown role {other}"),
     }
 }
 
-/// Owns a descriptor received over SCM_RIGHTS.
-fn adopt(fd: RawFd) -> UnixStream {
-    #[allow(unsafe_code)]
-    // SAFETY: `fd` was just received over SCM_RIGHTS; nothing else owns it.
-    unsafe {
-        std::os::fd::FromRawFd::from_raw_fd(fd)
-    }
-}
-
-/// One message's first descriptor, left open.
-fn recv_keeping_fd(stream: &UnixStream) -> Option<RawFd> {
+/// One message's first descriptor, owned (the rest, if any, closed).
+fn recv_fd(stream: &UnixStream) -> Option<std::os::fd::OwnedFd> {
     let mut buf = vec![0u8; 4096];
-    let mut cmsg = cmsg_space!(libc::ucred, [RawFd; 4]);
-    let mut iov = [IoSliceMut::new(&mut buf)];
-    let msg = socket::recvmsg::<()>(
-        stream.as_raw_fd(),
-        &mut iov,
-        Some(&mut cmsg),
-        MsgFlags::MSG_CMSG_CLOEXEC,
-    )
-    .ok()?;
-    msg.cmsgs().ok()?.find_map(|c| match c {
-        ControlMessageOwned::ScmRights(fds) => fds.first().copied(),
-        _ => None,
-    })
+    let received = fd_passing::receive(stream.as_fd(), &mut buf, MsgFlags::empty()).ok()?;
+    received.fds.into_iter().next()
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
