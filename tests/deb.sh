@@ -88,6 +88,11 @@ if [ "${1:-}" = "--in-namespace" ]; then
     esac
     grep -q '^gpu-mps: the containerd config changed' "$F/install.log" ||
         die "postinst did not say that the containerd config changed"
+    # postinst reads runc_path and hook_path with `gpu-mps config get`: both are there.
+    ! grep -q 'which does not exist' "$F/install.log" ||
+        die "postinst warned of a runc or hook that is installed: $(grep 'which does not exist' "$F/install.log")"
+    [ "$(in_root gpu-mps config get hook_path)" = /usr/bin/gpu-mps-hook ] ||
+        die "gpu-mps config get hook_path in the root: $(in_root gpu-mps config get hook_path 2>&1)"
 
     # What containerd itself makes of its config: the gpu-mps entry names the packaged shim.
     in_root containerd config dump >"$F/config-dump.toml" 2>"$F/config-dump.err" ||

@@ -116,7 +116,7 @@ fn unknown_key(key: &str) -> Option<UnknownKey> {
 }
 
 /// Levenshtein distance in characters: one per insertion, deletion or substitution.
-fn edit_distance(a: &str, b: &str) -> usize {
+pub(crate) fn edit_distance(a: &str, b: &str) -> usize {
     let b: Vec<char> = b.chars().collect();
     let mut previous: Vec<usize> = (0..=b.len()).collect();
     for (i, ca) in a.chars().enumerate() {

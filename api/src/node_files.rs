@@ -158,11 +158,11 @@ mod tests {
         )
         .unwrap();
         let (c, origin) = load_effective_config(&path).unwrap();
-        assert_eq!(c.policy, crate::node_config::LimitPolicy::Uniform);
+        assert_eq!(c.limits.policy, crate::node_config::LimitPolicy::Uniform);
         assert_eq!(origin, ConfigOrigin::File { path: path.clone() });
         // The manager started with another config and published it; config.toml was edited since.
         let mut running = c.clone();
-        running.policy = crate::node_config::LimitPolicy::Exact;
+        running.limits.policy = crate::node_config::LimitPolicy::Exact;
         let published = PublishedConfig::new(running.clone(), &path, 77);
         fs::write(c.published_path(), serde_json::to_string(&published).unwrap()).unwrap();
         let (c2, origin) = load_effective_config(&path).unwrap();

@@ -29,7 +29,7 @@ pub fn explain_rewrite(
         out += &format!(
             "gate: {} (policy {}: the container sees only the control socket the manager serves there)\n",
             dir.display(),
-            config.policy
+            config.limits.policy
         );
     }
     let Some(rewritten) = plan.rewritten else {
@@ -74,10 +74,8 @@ mod tests {
     fn shows_only_the_shims_changes() {
         let spec = r#"{"ociVersion":"1.0.2","process":{"args":["sh"],"env":["PATH=/bin","NVIDIA_VISIBLE_DEVICES=0"],"cwd":"/"},"root":{"path":"rootfs"},"annotations":{"gpu-mps.io/memory-limit":"4Gi","gpu-mps.io/active-thread-percentage":"25"}}"#;
         // The spec names its GPU by NVIDIA_VISIBLE_DEVICES: a node that takes GPUs from the env.
-        let config = NodeConfig {
-            trust_visible_devices_env: true,
-            ..NodeConfig::default()
-        };
+        let mut config = NodeConfig::default();
+        config.gpus.trust_visible_devices_env = true;
         let out = explain_rewrite("b/config.json", spec, &config, &inventory(), "c1").unwrap();
         assert!(
             out.contains("+      \"CUDA_MPS_ACTIVE_THREAD_PERCENTAGE=25\""),
@@ -105,15 +103,13 @@ mod tests {
     fn names_the_containers_gate_under_every_policy() {
         let spec = r#"{"ociVersion":"1.0.2","process":{"args":["sh"],"env":["PATH=/bin","NVIDIA_VISIBLE_DEVICES=0"],"cwd":"/"},"root":{"path":"rootfs"},"annotations":{"gpu-mps.io/memory-limit":"4Gi","gpu-mps.io/active-thread-percentage":"25"}}"#;
         for policy in [LimitPolicy::Uniform, LimitPolicy::Ceiling, LimitPolicy::Exact] {
-            let config = NodeConfig {
-                trust_visible_devices_env: true,
-                policy,
-                ceiling: Some(Limits {
-                    memory_bytes: 8 << 30,
-                    thread_percentage: 50,
-                }),
-                ..NodeConfig::default()
-            };
+            let mut config = NodeConfig::default();
+            config.gpus.trust_visible_devices_env = true;
+            config.limits.policy = policy;
+            config.limits.ceiling = Some(Limits {
+                memory_bytes: 8 << 30,
+                thread_percentage: 50,
+            });
             let out = explain_rewrite("b/config.json", spec, &config, &inventory(), "c1").unwrap();
             let gate = config.gate_dir(&gpu_mps_api::ContainerId::parse("c1").unwrap());
             assert!(

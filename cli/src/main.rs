@@ -309,6 +309,27 @@ enum Command {
         #[arg(long)]
         inventory: Option<PathBuf>,
     },
+    /// The node config as gpu-mps reads it from --config: each setting is the file's value,
+    /// else its default. For scripts: they read a value here instead of parsing the TOML.
+    #[command(after_help = "Examples:
+  gpu-mps config get root
+  gpu-mps config get gate.queue_timeout_seconds
+  gpu-mps --config /etc/gpu-mps/config.toml config get runc_path
+  gpu-mps config show | jq .limits")]
+    Config {
+        #[command(subcommand)]
+        action: ConfigAction,
+    },
+}
+
+#[derive(Debug, Subcommand)]
+enum ConfigAction {
+    /// One setting by its path in the file (`root`, `limits.policy`, `gate.max_connections`): a
+    /// string as is, anything else as JSON (`null` when unset). An unknown path fails, naming
+    /// the nearest one.
+    Get { key: String },
+    /// Every setting, as JSON (the shape the manager publishes in <root>/node-config.json).
+    Show,
 }
 
 const EXAMPLES: &str = "\
@@ -317,7 +338,8 @@ Examples:
   gpu-mps leases --json
   gpu-mps install-containerd --dry-run
   gpu-mps doctor
-  gpu-mps explain /run/containerd/io.containerd.runtime.v2.task/k8s.io/<container-id>";
+  gpu-mps explain /run/containerd/io.containerd.runtime.v2.task/k8s.io/<container-id>
+  gpu-mps config get root";
 
 fn status(args: &Args, config: &NodeConfig) -> anyhow::Result<StatusView> {
     let socket = args.socket.clone().unwrap_or_else(|| config.manager_socket());
@@ -338,6 +360,13 @@ fn run(args: Args) -> anyhow::Result<ExitCode> {
         _ => {}
     }
     let config = NodeConfig::load(&args.config)?;
+    if let Command::Config { action } = &args.command {
+        match action {
+            ConfigAction::Get { key } => println!("{}", config.value_at(key)?),
+            ConfigAction::Show => println!("{}", serde_json::to_string_pretty(&config)?),
+        }
+        return Ok(ExitCode::SUCCESS);
+    }
     if let Command::Explain { bundle, inventory } = &args.command {
         let inventory_path = inventory.clone().unwrap_or_else(|| config.inventory_path());
         print!("{}", explain(bundle, &config, &inventory_path)?);
@@ -369,6 +398,7 @@ fn run(args: Args) -> anyhow::Result<ExitCode> {
             }
         }
         Command::Explain { .. }
+        | Command::Config { .. }
         | Command::InstallContainerd { .. }
         | Command::UninstallContainerd { .. }
         | Command::Doctor { .. } => {

@@ -94,7 +94,7 @@ async fn run(args: Args) -> Result<()> {
     let inventory = wait_for_inventory(&config).await?;
     let policy = config
         .device_plugin
-        .unit_policy(config.overcommit, config.max_clients_per_gpu);
+        .unit_policy(config.limits.overcommit, config.limits.max_clients_per_gpu);
     let layout =
         Arc::new(UnitLayout::new(&inventory.gpus, &policy).context("laying out gpu-mps.io/memory units")?);
     let deliveries = Arc::new(discover(

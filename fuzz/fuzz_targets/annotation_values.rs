@@ -75,7 +75,7 @@ fuzz_target!(|data: &[u8]| {
     let policy = node
         .config
         .device_plugin
-        .unit_policy(node.config.overcommit, node.config.max_clients_per_gpu);
+        .unit_policy(node.config.limits.overcommit, node.config.limits.max_clients_per_gpu);
     let layout = UnitLayout::new(&node.inventory.gpus, &policy).expect("the golden GPUs have units");
     let ids: Vec<String> = value.split(',').map(str::to_string).collect();
     match layout.allocation(&ids) {

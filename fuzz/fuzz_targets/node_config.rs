@@ -35,12 +35,12 @@ fuzz_target!(|data: &[u8]| {
         }
     };
     assert!(config.root.is_absolute() && config.root.as_os_str().len() <= MAX_ROOT_LEN);
-    assert!((1..=48).contains(&config.default_cuda_processes));
-    if let Some(defaults) = config.default_limits {
+    assert!((1..=48).contains(&config.limits.default_cuda_processes));
+    if let Some(defaults) = config.limits.default_limits {
         assert_eq!(
             config
-                .maxima
-                .check(defaults, config.default_cuda_processes, "this node"),
+                .limits.maxima
+                .check(defaults, config.limits.default_cuda_processes, "this node"),
             Ok(()),
             "the node defaults break its own maximums"
         );

@@ -23,12 +23,12 @@ pub struct AdmissionPolicy {
 impl From<&NodeConfig> for AdmissionPolicy {
     fn from(c: &NodeConfig) -> Self {
         AdmissionPolicy {
-            policy: c.policy,
-            tenancy: c.tenancy,
-            ceiling: c.ceiling,
-            overcommit: c.overcommit,
-            max_clients_per_gpu: c.max_clients_per_gpu,
-            allow_overlapping_gpu_sets: c.allow_overlapping_gpu_sets,
+            policy: c.limits.policy,
+            tenancy: c.limits.tenancy,
+            ceiling: c.limits.ceiling,
+            overcommit: c.limits.overcommit,
+            max_clients_per_gpu: c.limits.max_clients_per_gpu,
+            allow_overlapping_gpu_sets: c.limits.allow_overlapping_gpu_sets,
         }
     }
 }

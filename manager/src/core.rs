@@ -160,7 +160,7 @@ pub fn now_unix() -> i64 {
 /// on its process. Removing it sooner would leave a container that is still to get its lease
 /// with a mount of a deleted dir: its CUDA processes would find no control socket.
 fn unserved_gate_dir_age(config: &NodeConfig) -> std::time::Duration {
-    std::time::Duration::from_secs((2 * config.hook_timeout_seconds).max(20))
+    std::time::Duration::from_secs((2 * config.hook.timeout_seconds).max(20))
 }
 
 /// The node's bookkeeping, under one lock that is never held across an await.
@@ -266,15 +266,15 @@ pub struct ManagerCore {
 
 fn gate_timings(config: &NodeConfig) -> GateTimings {
     GateTimings {
-        handshake_timeout: std::time::Duration::from_secs(config.gate_handshake_timeout_seconds),
-        queue_timeout: std::time::Duration::from_secs(config.gate_queue_timeout_seconds),
+        handshake_timeout: std::time::Duration::from_secs(config.gate.handshake_timeout_seconds),
+        queue_timeout: std::time::Duration::from_secs(config.gate.queue_timeout_seconds),
     }
 }
 
 fn gate_bounds(config: &NodeConfig) -> GateBounds {
     GateBounds {
-        per_container: config.gate_connections_per_container,
-        node: config.gate_max_connections,
+        per_container: config.gate.connections_per_container,
+        node: config.gate.max_connections,
     }
 }
 
@@ -337,7 +337,7 @@ impl ManagerCore {
         let published = PublishedConfig::new(config.clone(), &options.config_source, std::process::id());
         let text = serde_json::to_vec_pretty(&published).expect("the config serializes");
         publish(&config.published_path(), &text, "the node config");
-        info!(path = %config.published_path().display(), digest = %published.digest, policy = %config.policy, "node config published for gpu-mps-shim");
+        info!(path = %config.published_path().display(), digest = %published.digest, policy = %config.limits.policy, "node config published for gpu-mps-shim");
 
         let state_existed = config.state_path().exists();
         let (mut state, state_note) = State::load_or_set_aside(&config.state_path(), now_unix());
@@ -349,7 +349,7 @@ impl ManagerCore {
         }
         let stuck_daemons = adopt::adopt(&mut state, control.as_ref()).await;
         let mut lease_files = LeaseFiles::new(config.lease_files_dir());
-        if config.exclusive_process {
+        if config.daemon.exclusive_process {
             let enforced = compute_mode::enforce_exclusive_process(
                 backend.as_ref(),
                 &inventory.gpus,

@@ -97,7 +97,7 @@ pub async fn serve(core: Arc<ManagerCore>, socket: &Path) -> Result<(), ServerEr
         socket: socket_str.clone(),
         source,
     })?;
-    info!(socket = %socket_str, policy = %core.config().policy, tenancy = %core.config().tenancy, "gpu-mps-manager serving");
+    info!(socket = %socket_str, policy = %core.config().limits.policy, tenancy = %core.config().limits.tenancy, "gpu-mps-manager serving");
 
     let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
         .map_err(io("installing the SIGTERM handler".into()))?;

@@ -135,11 +135,11 @@ fn node() -> Node {
     };
     let inventory_path = dir.path().join("inventory-src.json");
     std::fs::write(&inventory_path, serde_json::to_string(&inventory).unwrap()).unwrap();
-    let config = NodeConfig {
+    let mut config = NodeConfig {
         root: dir.path().join("root"),
-        policy: LimitPolicy::Exact,
         ..NodeConfig::default()
     };
+    config.limits.policy = LimitPolicy::Exact;
     Node {
         config,
         control: Arc::new(MpsLikeControl::default()),

@@ -80,15 +80,11 @@ register() {
     fi
 }
 
-# The manager's state root: `root` of the node config's top level (a TOML basic "..." or literal
-# '...' string), else the default.
+# The manager's state root, as gpu-mps reads the node config (the image's own gpu-mps: the
+# host's may not be installed yet, or be gone). A config it cannot read stops the script here.
 state_root() {
-    awk -F= -v q="'" '/^[[:space:]]*\[/ { exit }
-        $1 ~ /^[[:space:]]*root[[:space:]]*$/ {
-            v = substr($0, index($0, "=") + 1); sub(/^[[:space:]]*/, "", v)
-            c = substr(v, 1, 1); if (c != "\"" && c != q) exit
-            v = substr(v, 2); print substr(v, 1, index(v, c) - 1); exit }' \
-        "$host$node_config" 2>/dev/null | grep . || echo /run/gpu-mps
+    "$dist/bin/gpu-mps" --config "$host$node_config" config get root ||
+        die "cannot read the state root from $node_config (the error above): fix the file, then run this again"
 }
 
 install_binaries() {
@@ -121,7 +117,8 @@ install_node_config() {
 if [ "$mode" = install ]; then
     install_binaries
     install_node_config
-    install -d -m 0700 "$host$(state_root)"
+    root=$(state_root)
+    install -d -m 0700 "$host$root"
     register "$prefix/bin/gpu-mps" install-containerd
     exit 0
 fi
@@ -172,7 +169,7 @@ done
 say "removed $binaries from $prefix/bin"
 # Only what the manager keeps there, then the directory if that was all: a root set to a shared
 # directory (root = "/run") loses nothing else.
-# (The list follows api/src/node_config.rs and the manager: its lease files, NVML's reason when no
+# (The list follows api/src/node_config/mod.rs and the manager: its lease files, NVML's reason when no
 # driver loads, and state files it set aside as unusable.)
 for entry in manager.sock manager.lock state.json inventory.json node-config.json \
     gate-keeper.sock gate-keeper.lock daemons gates leases nvml-error; do

@@ -62,7 +62,7 @@ pub fn allocated_units(
     };
     let policy = config
         .device_plugin
-        .unit_policy(config.overcommit, config.max_clients_per_gpu);
+        .unit_policy(config.limits.overcommit, config.limits.max_clients_per_gpu);
     let layout = UnitLayout::new(&inventory.gpus, &policy).map_err(AllocationError::Layout)?;
     let ids: Vec<String> = value.split(',').map(str::to_string).collect();
     let allocation = layout.allocation(&ids).map_err(AllocationError::Invalid)?;

@@ -121,7 +121,7 @@ impl ParsedSpec {
         let Some(devices) = &self.devices else {
             return Ok(self);
         };
-        match gpu_devices::judge_env(devices, config.trust_visible_devices_env)? {
+        match gpu_devices::judge_env(devices, config.gpus.trust_visible_devices_env)? {
             EnvVerdict::Gpus => Ok(self),
             EnvVerdict::NoGpu { value } => {
                 allocation::require_gpu_for_units(&self.annotations)?;
@@ -169,10 +169,10 @@ impl ParsedSpec {
         };
         let identity = CriIdentity::from_annotations(&parsed.annotations);
         identity.check_hook_args()?;
-        let (maxima, maxima_scope) = config.maxima_for(&identity.namespace);
+        let (maxima, maxima_scope) = config.limits.maxima_for(&identity.namespace);
         let rules = NodeRules {
-            default_limits: config.default_limits,
-            default_cuda_processes: config.default_cuda_processes,
+            default_limits: config.limits.default_limits,
+            default_cuda_processes: config.limits.default_cuda_processes,
             maxima,
             maxima_scope: &maxima_scope,
         };
@@ -215,7 +215,7 @@ impl ParsedSpec {
             resolved.threads_source,
             resolved.processes_source,
             daemon.dir_name(),
-            config.policy,
+            config.limits.policy,
             gate_dir.display(),
         );
         Ok(RewritePlan {

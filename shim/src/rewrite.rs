@@ -50,14 +50,14 @@ pub enum RewriteError {
 pub fn acquire_args(request: &ResolvedRequest, config: &NodeConfig) -> AcquireArgs {
     AcquireArgs {
         socket: config.manager_socket().display().to_string(),
-        timeout_seconds: config.hook_timeout_seconds,
+        timeout_seconds: config.hook.timeout_seconds,
         gpu_uuids: request.daemon.gpu_uuids().to_vec(),
         limits: request.limits,
         namespace: request.identity.namespace.clone(),
         pod: request.identity.pod.clone(),
         container_name: request.identity.container_name.clone(),
         cuda_processes: request.cuda_processes,
-        policy: config.policy.to_string(),
+        policy: config.limits.policy.to_string(),
         config_digest: config.digest(),
         memory_units: request.memory_units.clone(),
     }
@@ -92,12 +92,12 @@ fn rewrite_in_place(
 
     let acquire = acquire_args(request, config);
     let gate_mount = gate_mount(&request.gate_dir)?;
-    let hook_timeout = config.hook_timeout_seconds + HOOK_TIMEOUT_MARGIN_SECONDS;
+    let hook_timeout = config.hook.timeout_seconds + HOOK_TIMEOUT_MARGIN_SECONDS;
     let create_runtime = hook(&config.hook_path, acquire.to_hook_args(), hook_timeout)?;
     let socket = config.manager_socket().display().to_string();
     let poststop = hook(
         &config.hook_path,
-        release_hook_args(&socket, config.hook_timeout_seconds, &request.gate_dir),
+        release_hook_args(&socket, config.hook.timeout_seconds, &request.gate_dir),
         hook_timeout,
     )?;
 

@@ -779,7 +779,7 @@ fn the_config_the_running_manager_published_wins_over_an_edited_file() {
         NodeConfig::from_toml(&fs::read_to_string(f.node_config()).unwrap(), &f.node_config()).unwrap();
     // The manager started with policy exact; config.toml was edited to uniform since.
     let mut running = file.clone();
-    running.policy = gpu_mps_api::node_config::LimitPolicy::Exact;
+    running.limits.policy = gpu_mps_api::node_config::LimitPolicy::Exact;
     let published = gpu_mps_api::node_config::PublishedConfig::new(running.clone(), &f.node_config(), 4242);
     fs::create_dir_all(f.root()).unwrap();
     fs::write(file.published_path(), serde_json::to_string(&published).unwrap()).unwrap();

@@ -315,7 +315,7 @@ fn a_cuda_images_env_without_a_scheduled_gpu_is_only_voided() {
         .into_iter()
         .find(|c| c.name == "env-all-untrusted")
         .unwrap();
-    assert!(!case.config.trust_visible_devices_env);
+    assert!(!case.config.gpus.trust_visible_devices_env);
     let plan = case.outcome().unwrap();
     assert_eq!(
         (&plan.daemon, &plan.limits, &plan.acquire, &plan.gate_dir),

@@ -694,7 +694,7 @@ mod tests {
         let config = gpu_mps_api::NodeConfig::from_toml(&chained, path).expect("valid node config");
         assert_eq!(config.runc_path, runtime);
         let plain = gpu_mps_api::NodeConfig::from_toml(shipped, path).expect("shipped config");
-        assert_eq!(config.policy, plain.policy);
+        assert_eq!(config.limits.policy, plain.limits.policy);
         assert_eq!(
             unchain_node_config(&chained, path).expect("unchain"),
             Unchain::Write(shipped.to_owned())

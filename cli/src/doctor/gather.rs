@@ -541,12 +541,12 @@ fn gather_descriptors(node: &NodeConfig) -> DescriptorFacts {
         pid,
         open,
         limit,
-        wanted: 2 * u64::from(node.gate_max_connections) + 1024,
+        wanted: 2 * u64::from(node.gate.max_connections) + 1024,
     }))
 }
 
 fn gather_mps(node: &NodeConfig) -> MpsFacts {
-    let control = locate(&node.control_binary, &[]);
+    let control = locate(&node.daemon.control_binary, &[]);
     let server_name = Path::new("nvidia-cuda-mps-server");
     let beside = match &control {
         FileState::Executable { at } => at.parent().map(|dir| dir.join(server_name)),
@@ -557,7 +557,7 @@ fn gather_mps(node: &NodeConfig) -> MpsFacts {
         _ => locate(server_name, &[]),
     };
     MpsFacts {
-        control_binary: node.control_binary.clone(),
+        control_binary: node.daemon.control_binary.clone(),
         control,
         server,
     }

@@ -81,7 +81,7 @@ pub fn check(f: &ManagerFacts, config: &ConfigFacts) -> Check {
             NAME,
             format!(
                 "{found}, but {path} now holds policy {} (digest {file_digest}): the config changed since the manager started{note}",
-                config.config.policy
+                config.config.limits.policy
             ),
             restart,
         );
@@ -174,7 +174,7 @@ mod tests {
     #[test]
     fn a_config_changed_since_the_start_warns() {
         let mut edited = config(ConfigState::Loaded);
-        edited.config.policy = LimitPolicy::Uniform;
+        edited.config.limits.policy = LimitPolicy::Uniform;
         let mut f = answer(NodeConfig::default().digest());
         if let Ok(a) = f.answer.as_mut() {
             a.config_note = "config.toml changed since start".into();

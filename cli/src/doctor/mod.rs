@@ -187,7 +187,7 @@ pub fn diagnose(facts: &Facts) -> Report {
             runc::check(&facts.runc, &config.path),
             host_mps_dir::check(&facts.host_mps_dir, &facts.runc.runc_path),
             cdi::check(&facts.cdi, &facts.gpus),
-            compute_mode::check(&facts.gpus, config.config.exclusive_process, &config.path),
+            compute_mode::check(&facts.gpus, config.config.daemon.exclusive_process, &config.path),
             nvml::check(&facts.nvml),
             manager::check(&facts.manager, config),
             descriptors::check(&facts.descriptors),

@@ -33,8 +33,8 @@ pub fn check(f: &ConfigFacts) -> Check {
             NAME,
             format!(
                 "{path}: policy {}, tenancy {}, root {}",
-                c.policy,
-                c.tenancy,
+                c.limits.policy,
+                c.limits.tenancy,
                 c.root.display()
             ),
         ),
@@ -42,7 +42,7 @@ pub fn check(f: &ConfigFacts) -> Check {
             NAME,
             format!(
                 "{path} does not exist: every setting is a default (policy {}, root {}), and a container that sets no limits of its own is refused",
-                c.policy,
+                c.limits.policy,
                 c.root.display()
             ),
             format!(

@@ -106,7 +106,7 @@ async fn manager(args: Args) -> anyhow::Result<()> {
     tracing::info!(version = env!("CARGO_PKG_VERSION"), config = %args.config.display(), root = %config.root.display(), "gpu-mps-manager starting");
     // Before anything under the root is touched: two managers would both start daemons.
     let _root_lock = node_guard::lock_root(&config.root)?;
-    let limit = node_guard::raise_descriptor_limit(config.gate_max_connections)?;
+    let limit = node_guard::raise_descriptor_limit(config.gate.max_connections)?;
     if limit.now < limit.wanted {
         tracing::warn!(
             limit = limit.now,
@@ -118,7 +118,7 @@ async fn manager(args: Args) -> anyhow::Result<()> {
     }
     // Bound now, served once the core runs: a port in use is said next to the config it
     // comes from. Without `[metrics] listen` no port is opened at all.
-    let metrics_listener = match config.metrics_listen {
+    let metrics_listener = match config.metrics.listen {
         Some(address) => metrics::http::bind(address)
             .await
             .inspect_err(|e| tracing::error!("{e}"))
@@ -154,8 +154,8 @@ async fn manager(args: Args) -> anyhow::Result<()> {
         },
     };
     let control = Arc::new(CliControl {
-        binary: config.control_binary.clone(),
-        timeout: Duration::from_secs(config.start_timeout_seconds),
+        binary: config.daemon.control_binary.clone(),
+        timeout: Duration::from_secs(config.daemon.start_timeout_seconds),
     });
     let socket = config.manager_socket();
     if let Some(dir) = socket.parent() {

@@ -42,7 +42,7 @@ impl ManagerCore {
     ) -> Result<proto::AcquireResponse, ManagerError> {
         let request = validate(&req)?;
         self.check_layout(&req)?;
-        let (maxima, scope) = self.config.maxima_for(&req.namespace);
+        let (maxima, scope) = self.config.limits.maxima_for(&req.namespace);
         let maxima = if req.memory_units.is_empty() {
             maxima
         } else {
@@ -253,7 +253,7 @@ impl ManagerCore {
     /// Refuses a container the shim laid out under another node config than the one this
     /// manager runs with (config.toml edited, the manager not restarted).
     fn check_layout(&self, req: &proto::AcquireRequest) -> Result<(), ManagerError> {
-        let policy = self.config.policy.to_string();
+        let policy = self.config.limits.policy.to_string();
         let changed = (!req.policy.is_empty() && req.policy != policy)
             || (!req.config_digest.is_empty() && req.config_digest != self.config_digest);
         if changed {

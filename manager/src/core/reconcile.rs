@@ -20,7 +20,7 @@ impl ManagerCore {
     /// leases, reports server faults, and stops daemons idle for longer than the grace period.
     pub async fn reconcile(&self, now: i64) {
         let mut memory = self.reconciler.lock().await;
-        if self.config.exclusive_process {
+        if self.config.daemon.exclusive_process {
             self.reassert_exclusive_process(&mut memory);
         }
         let stuck = std::mem::take(&mut memory.stuck_daemons);
@@ -349,7 +349,7 @@ impl ManagerCore {
     }
 
     async fn stop_idle_daemons(&self, now: i64) {
-        let grace = self.config.idle_grace_seconds as i64;
+        let grace = self.config.daemon.idle_grace_seconds as i64;
         let idle: Vec<(String, DaemonKey)> = self
             .books()
             .state

@@ -16,8 +16,8 @@ use crate::state::DaemonRecord;
 impl ManagerCore {
     pub async fn status(&self) -> proto::StatusResponse {
         let mut resp = proto::StatusResponse::new();
-        resp.policy = self.config.policy.to_string();
-        resp.tenancy = self.config.tenancy.to_string();
+        resp.policy = self.config.limits.policy.to_string();
+        resp.tenancy = self.config.limits.tenancy.to_string();
         resp.manager_version = env!("CARGO_PKG_VERSION").to_string();
         resp.config_digest = self.config_digest.clone();
         resp.config_source = self.config_source.display().to_string();
@@ -38,8 +38,8 @@ impl ManagerCore {
                 gpu.leases = on_gpu.len() as u32;
                 gpu.memory_reserved_bytes = on_gpu.iter().map(|l| l.limits.effective_memory_bytes()).sum();
                 gpu.memory_capacity_bytes =
-                    admission::memory_capacity(g.memory_bytes, self.config.overcommit);
-                gpu.max_clients = self.config.max_clients_per_gpu;
+                    admission::memory_capacity(g.memory_bytes, self.config.limits.overcommit);
+                gpu.max_clients = self.config.limits.max_clients_per_gpu;
                 gpu.compute_mode = g.compute_mode.clone();
                 gpu.unhealthy_reason = unhealthy_reason(&books, &g.uuid, now_unix());
                 resp.gpus.push(gpu);
@@ -84,8 +84,8 @@ impl LevelSource for ManagerCore {
     fn node_levels(&self) -> NodeLevels {
         let mut levels = NodeLevels {
             version: env!("CARGO_PKG_VERSION").to_string(),
-            policy: self.config.policy.to_string(),
-            tenancy: self.config.tenancy.to_string(),
+            policy: self.config.limits.policy.to_string(),
+            tenancy: self.config.limits.tenancy.to_string(),
             ..NodeLevels::default()
         };
         let leases: Vec<(String, String)> = {
@@ -103,14 +103,17 @@ impl LevelSource for ManagerCore {
                     index: g.index,
                     name: g.name.clone(),
                     memory_bytes: g.memory_bytes,
-                    memory_capacity_bytes: admission::memory_capacity(g.memory_bytes, self.config.overcommit),
+                    memory_capacity_bytes: admission::memory_capacity(
+                        g.memory_bytes,
+                        self.config.limits.overcommit,
+                    ),
                     memory_allocated_bytes: on_gpu.iter().map(|l| l.limits.effective_memory_bytes()).sum(),
                     threads_allocated_percent: on_gpu
                         .iter()
                         .map(|l| u64::from(l.limits.thread_percentage))
                         .sum(),
                     clients_allocated: on_gpu.iter().map(|l| u64::from(l.cuda_processes)).sum(),
-                    clients_capacity: u64::from(self.config.max_clients_per_gpu),
+                    clients_capacity: u64::from(self.config.limits.max_clients_per_gpu),
                     leases: on_gpu.len() as u64,
                     unhealthy: !unhealthy_reason(&books, &g.uuid, now).is_empty(),
                 });

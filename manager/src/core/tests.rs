@@ -249,18 +249,18 @@ fn env(policy: LimitPolicy, tenancy: Tenancy) -> Env {
     };
     let inv_path = dir.path().join("inventory-src.json");
     std::fs::write(&inv_path, serde_json::to_string(&inventory).unwrap()).unwrap();
-    let config = NodeConfig {
+    let mut config = NodeConfig {
         root: dir.path().join("root"),
-        policy,
-        tenancy,
-        ceiling: Some(Limits {
-            memory_bytes: 8 * GIB,
-            thread_percentage: 50,
-        }),
-        exclusive_process: false,
-        idle_grace_seconds: 10,
         ..NodeConfig::default()
     };
+    config.limits.policy = policy;
+    config.limits.tenancy = tenancy;
+    config.limits.ceiling = Some(Limits {
+        memory_bytes: 8 * GIB,
+        thread_percentage: 50,
+    });
+    config.daemon.exclusive_process = false;
+    config.daemon.idle_grace_seconds = 10;
     Env {
         config,
         control: Arc::new(FakeControl::default()),
@@ -602,7 +602,7 @@ async fn shutdown_keeps_busy_daemons_and_stops_idle_ones() {
 #[tokio::test]
 async fn exclusive_process_is_set_at_start_and_restored_at_an_empty_shutdown() {
     let mut e = env(LimitPolicy::Uniform, Tenancy::Shared);
-    e.config.exclusive_process = true;
+    e.config.daemon.exclusive_process = true;
     let m = core(&e).await;
     assert_eq!(e.backend.compute_mode("GPU-0").unwrap(), "ExclusiveProcess");
     m.acquire(request("c1", "GPU-0", 4, 25, "ns")).await.unwrap();
@@ -759,7 +759,7 @@ async fn modes_switched_before_a_failure_are_saved_for_restoring() {
         }
     }
     let mut e = env(LimitPolicy::Uniform, Tenancy::Shared);
-    e.config.exclusive_process = true;
+    e.config.daemon.exclusive_process = true;
     let backend = Arc::new(RefusesGpu1(e.backend.clone()));
     let started = ManagerCore::start(e.config.clone(), e.control.clone(), backend).await;
     assert!(started.is_err());
@@ -886,7 +886,7 @@ async fn the_config_is_published_for_the_shim() {
 #[tokio::test]
 async fn the_node_maximums_hold_at_acquire_too() {
     let mut e = env(LimitPolicy::Exact, Tenancy::Shared);
-    e.config.namespace_maxima.insert(
+    e.config.limits.namespace_maxima.insert(
         "team-a".into(),
         gpu_mps_api::maxima::Maxima {
             memory_bytes: Some(4 * GIB),
@@ -1042,7 +1042,7 @@ async fn every_policy_serves_a_gate_and_a_new_daemon_starts_its_server() {
 #[tokio::test]
 async fn every_cuda_process_counts_against_the_clients_of_a_gpu() {
     let mut e = env(LimitPolicy::Exact, Tenancy::Shared);
-    e.config.maxima.cuda_processes = 48;
+    e.config.limits.maxima.cuda_processes = 48;
     let m = core(&e).await;
     let mut big = request("big", "GPU-0", 4, 5, "ns");
     big.cuda_processes = 40;
@@ -1057,7 +1057,7 @@ async fn every_cuda_process_counts_against_the_clients_of_a_gpu() {
 #[tokio::test]
 async fn a_drifted_compute_mode_is_set_again_on_reconcile() {
     let mut e = env(LimitPolicy::Exact, Tenancy::Shared);
-    e.config.exclusive_process = true;
+    e.config.daemon.exclusive_process = true;
     let m = core(&e).await;
     assert_eq!(e.backend.compute_mode("GPU-0").unwrap(), "ExclusiveProcess");
     // Someone switches it back behind the manager.
@@ -1236,7 +1236,7 @@ async fn acquires_for_one_daemon_in_flight_start_it_once_and_count_each_other() 
 #[tokio::test]
 async fn an_acquire_that_meets_an_idle_stop_gets_a_running_daemon() {
     let mut e = env(LimitPolicy::Uniform, Tenancy::Shared);
-    e.config.idle_grace_seconds = 0;
+    e.config.daemon.idle_grace_seconds = 0;
     let m = core(&e).await;
     m.acquire(request("c1", "GPU-0", 4, 25, "ns")).await.unwrap();
     assert!(m.release("c1").await.unwrap());

@@ -484,7 +484,7 @@ impl Manager {
     pub fn control_daemons(&self) -> Vec<u32> {
         let daemons = self.config.root.join("daemons");
         let dirs = std::fs::read_dir(daemons).into_iter().flatten().flatten();
-        let binary = self.config.control_binary.as_os_str().as_encoded_bytes();
+        let binary = self.config.daemon.control_binary.as_os_str().as_encoded_bytes();
         dirs.filter_map(|d| std::fs::read_to_string(d.path().join("pipe").join(CONTROL_PID_FILE)).ok())
             .filter_map(|text| text.trim().parse::<u32>().ok())
             // A stale pid file may name a recycled pid: only the control binary counts.
@@ -571,11 +571,11 @@ mod tests {
             let text = node_config_toml(root, &bins(), Path::new("/r/runc"), &limits);
             let config =
                 NodeConfig::from_toml(&text, Path::new("t.toml")).unwrap_or_else(|e| panic!("{e}\n{text}"));
-            assert_eq!(config.policy, limits.policy);
-            assert_eq!(config.tenancy, limits.tenancy);
-            assert_eq!(config.control_binary, PathBuf::from("/b/fake-mps-control"));
-            assert!(!config.exclusive_process);
-            assert_eq!(config.idle_grace_seconds, IDLE_GRACE_SECONDS);
+            assert_eq!(config.limits.policy, limits.policy);
+            assert_eq!(config.limits.tenancy, limits.tenancy);
+            assert_eq!(config.daemon.control_binary, PathBuf::from("/b/fake-mps-control"));
+            assert!(!config.daemon.exclusive_process);
+            assert_eq!(config.daemon.idle_grace_seconds, IDLE_GRACE_SECONDS);
         }
     }
 

@@ -252,7 +252,7 @@ struct LeftoverDaemons {
 
 impl Drop for LeftoverDaemons {
     fn drop(&mut self) {
-        let binary = self.config.control_binary.as_os_str().as_encoded_bytes();
+        let binary = self.config.daemon.control_binary.as_os_str().as_encoded_bytes();
         let dirs = std::fs::read_dir(self.config.root.join("daemons"))
             .into_iter()
             .flatten()

@@ -516,7 +516,7 @@ async fn a_container_killed_during_its_create_leaves_no_lease_gate_or_daemon(sui
     // containerd 1.6 and 1.7 run gpu-mps-shim's `delete` for it, which removes the gate dir at
     // once; 2.x does not, and the manager removes an unserved gate dir once no Acquire can come
     // for it any more (twice the hook's timeout).
-    let hook_timeout = Duration::from_secs(node.manager.config().hook_timeout_seconds);
+    let hook_timeout = Duration::from_secs(node.manager.config().hook.timeout_seconds);
     let manager = &node.manager;
     manager
         .wait_status(

@@ -157,7 +157,7 @@ async fn an_env_only_gpu_is_refused_or_none_on_a_node_as_shipped(suite: Suite) -
 
 async fn an_env_only_all_is_refused_where_the_env_is_trusted(suite: Suite) -> Result<()> {
     let node = GpuNode::start(&suite, LimitsConfig::uniform()).await?;
-    ensure!(node.manager.config().trust_visible_devices_env);
+    ensure!(node.manager.config().gpus.trust_visible_devices_env);
     let mut cri = node.cri().await?;
     let pod = cri.run_pod_sandbox(&gpu_pod("env-all")).await?;
     for (i, value) in ["all", "0,all"].into_iter().enumerate() {
