@@ -324,9 +324,11 @@ enum Command {
 
 #[derive(Debug, Subcommand)]
 enum ConfigAction {
-    /// One setting by its path in the file (`root`, `limits.policy`, `gate.max_connections`): a
-    /// string as is, anything else as JSON (`null` when unset). An unknown path fails, naming
-    /// the nearest one.
+    /// One setting by its path: the file's (`root`, `limits.policy`, `gate.max_connections`), but
+    /// for sizes and limit pairs, which are in bytes and percent (`limits.default_limits`,
+    /// `limits.ceiling`, `limits.maxima`, `device_plugin.memory_unit_bytes`); `config show` has
+    /// every path. A string prints as is, anything else as JSON (`null` when unset). An unknown
+    /// path fails, naming the nearest one.
     Get { key: String },
     /// Every setting, as JSON (the shape the manager publishes in <root>/node-config.json).
     Show,
