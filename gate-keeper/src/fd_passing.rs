@@ -37,11 +37,6 @@ impl Received {
     pub fn is_end_of_stream(&self) -> bool {
         self.bytes == 0 && self.fds.is_empty() && self.credentials.is_none()
     }
-
-    pub fn borrowed_fds(&self) -> Vec<BorrowedFd<'_>> {
-        use std::os::fd::AsFd;
-        self.fds.iter().map(|fd| fd.as_fd()).collect()
-    }
 }
 
 /// Receives one message into `buf` with `flags` (MSG_CMSG_CLOEXEC is always added: a passed
