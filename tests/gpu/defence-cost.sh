@@ -27,7 +27,7 @@ log "current $COMMIT, base $BASE_COMMIT"
 
 use_build() { # use_build <base|current>: the manager and the binaries the shim and hook run
     stop_manager
-    pkill -f 'gpu-mps-manager --gate-keeper' 2>/dev/null
+    pkill -f 'gpu-mps-manager --gate-keeper /run/gpu-mps-test$' 2>/dev/null
     quit_mps_daemons /run/gpu-mps-test nvidia-cuda-mps-control
     cp -f "$W/bin-$1"/gpu-mps* "$W/bin/"
     write_config exact

@@ -30,7 +30,7 @@ cleanup() {
     stop_manager
     quit_mps_daemons /run/gpu-mps-test nvidia-cuda-mps-control
     # The gate keeper outlives managers by design (it holds the gates' sockets across restarts).
-    pkill -f 'gpu-mps-manager --gate-keeper' 2>/dev/null
+    pkill -f 'gpu-mps-manager --gate-keeper /run/gpu-mps-test$' 2>/dev/null
     [ -n "${CTD_PID:-}" ] && kill "$CTD_PID" 2>/dev/null && wait "$CTD_PID" 2>/dev/null
     cp /run/gpu-mps-test/daemons/*/log/*.log "$D/" 2>/dev/null
     pgrep -a nvidia-cuda-mps || log "no MPS process left"

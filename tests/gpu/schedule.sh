@@ -28,7 +28,7 @@ cleanup() {
     [ -n "$MGR_PID" ] && kill -TERM "$MGR_PID" 2>/dev/null && wait "$MGR_PID" 2>/dev/null
     quit_mps_daemons "$ROOT" nvidia-cuda-mps-control
     [ -S "$PROBE/control" ] && echo quit | CUDA_MPS_PIPE_DIRECTORY=$PROBE nvidia-cuda-mps-control >/dev/null 2>&1
-    pkill -f 'gpu-mps-manager --gate-keeper' 2>/dev/null
+    pkill -f "gpu-mps-manager --gate-keeper $ROOT$" 2>/dev/null
     pkill -f gpu-mps-device-plugin 2>/dev/null
     sleep 1
     pgrep -a nvidia-cuda-mps || log "no MPS process left"
