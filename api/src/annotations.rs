@@ -8,6 +8,10 @@ pub const ACTIVE_THREAD_PERCENTAGE: &str = "gpu-mps.io/active-thread-percentage"
 /// Its memory limit is their total, split evenly; a process beyond the number is refused
 /// (docs/adr/0006).
 pub const CUDA_PROCESSES: &str = "gpu-mps.io/cuda-processes";
+/// Pod- or container-level: MPS client priority of the container's CUDA processes, `normal` (the
+/// default) or `below-normal` (`CUDA_MPS_CLIENT_PRIORITY`). A courtesy, not a limit: a process
+/// can set its own back to normal.
+pub const CLIENT_PRIORITY: &str = "gpu-mps.io/priority";
 /// Written by the shim: which daemon serves the container (for debugging).
 pub const DAEMON: &str = "gpu-mps.io/daemon";
 /// Written by the shim: the limits it resolved, as `<memory>/<threads>%`.
@@ -55,7 +59,12 @@ pub fn container_key(container_name: &str, base: &str) -> String {
 
 /// The keys a pod or container sets: what gpu-mps reads under [`DOMAIN`], at pod level as
 /// they are and at container level after `<container-name>.`.
-pub const SETTABLE: [&str; 3] = [MEMORY_LIMIT, ACTIVE_THREAD_PERCENTAGE, CUDA_PROCESSES];
+pub const SETTABLE: [&str; 4] = [
+    MEMORY_LIMIT,
+    ACTIVE_THREAD_PERCENTAGE,
+    CUDA_PROCESSES,
+    CLIENT_PRIORITY,
+];
 
 /// A key under gpu-mps.io/ or `<container>.gpu-mps.io/` that gpu-mps does not read: a typo
 /// would otherwise leave the container on the node default with no word anywhere.
@@ -159,7 +168,9 @@ mod tests {
                 "sidecar.gpu-mps.io/cuda-procs",
                 "sidecar.gpu-mps.io/cuda-processes",
             ),
-            ("gpu-mps.io/", "gpu-mps.io/memory-limit"),
+            // No name at all: the shortest settable key is the fewest edits away.
+            ("gpu-mps.io/", "gpu-mps.io/priority"),
+            ("gpu-mps.io/priorty", "gpu-mps.io/priority"),
         ];
         for (key, nearest) in cases {
             let unknown = unknown_keys(&keys(&[key]));
@@ -176,8 +187,8 @@ mod tests {
             unknown_keys(&keys(&["gpu-mps.io/memory-limt"]))[0].to_string(),
             "unknown annotation gpu-mps.io/memory-limt (did you mean gpu-mps.io/memory-limit?): \
              gpu-mps reads gpu-mps.io/memory-limit, gpu-mps.io/active-thread-percentage, \
-             gpu-mps.io/cuda-processes, each also as <container-name>.gpu-mps.io/...; fix or remove \
-             it on the pod"
+             gpu-mps.io/cuda-processes, gpu-mps.io/priority, each also as \
+             <container-name>.gpu-mps.io/...; fix or remove it on the pod"
         );
     }
 

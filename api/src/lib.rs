@@ -5,6 +5,7 @@
 pub mod annotations;
 pub mod client;
 pub mod container_id;
+pub mod container_request;
 pub mod daemon_key;
 pub mod files;
 pub mod hook_invocation;
@@ -19,6 +20,7 @@ pub mod quantity;
 pub mod status_view;
 
 pub use container_id::ContainerId;
+pub use container_request::ContainerRequest;
 pub use daemon_key::DaemonKey;
 pub use limits::Limits;
 pub use node_config::NodeConfig;

@@ -21,6 +21,8 @@ pub enum LimitError {
     ThreadPercentage { value: String },
     #[error("{value:?} is not a number of CUDA processes: expected a whole number from 1 to 48")]
     CudaProcesses { value: String },
+    #[error("{value:?} is not a client priority: expected normal or below-normal")]
+    Priority { value: String },
 }
 
 /// Per-CUDA-process limits: pinned device memory and the share of the GPU's SMs.

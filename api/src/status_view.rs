@@ -4,6 +4,7 @@
 
 use serde::{Deserialize, Serialize};
 
+use crate::container_request::ClientPriority;
 use crate::proto;
 use crate::quantity::format_bytes;
 
@@ -84,6 +85,9 @@ pub struct LeaseView {
     /// processes running then lost their server.
     #[serde(default)]
     pub daemon_lost_unix: i64,
+    /// MPS client priority of its processes (gpu-mps.io/priority); absent when normal.
+    #[serde(default, skip_serializing_if = "ClientPriority::is_normal")]
+    pub priority: ClientPriority,
 }
 
 impl From<&proto::StatusResponse> for StatusView {
@@ -151,6 +155,8 @@ impl From<&proto::StatusResponse> for StatusView {
                     gate_connections: l.gate_connections,
                     memory_units: l.memory_units.clone(),
                     daemon_lost_unix: l.daemon_lost_unix,
+                    // A value this build does not know reads as normal: status never fails on it.
+                    priority: ClientPriority::from_mps_value(l.client_priority).unwrap_or_default(),
                 })
                 .collect(),
         }

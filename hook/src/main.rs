@@ -21,9 +21,9 @@ use std::time::Duration;
 
 use clap::{Parser, Subcommand};
 use gpu_mps_api::client::{ClientError, ManagerConnection};
+use gpu_mps_api::hook_invocation::RequestArgs;
 use gpu_mps_api::message::without_os_error_numbers;
 use gpu_mps_api::node_config::GATE_SOCKET;
-use gpu_mps_api::proto;
 use thiserror::Error;
 
 /// gpu-mps-hook: leases an MPS daemon from gpu-mps-manager for a container (createRuntime)
@@ -72,36 +72,8 @@ enum Stage {
     CreateRuntime {
         #[command(flatten)]
         common: Common,
-        /// GPU UUIDs, comma separated.
-        #[arg(long, value_delimiter = ',', required = true)]
-        gpus: Vec<String>,
-        /// Pinned device memory of the container's CUDA processes together, in bytes.
-        #[arg(long)]
-        memory_limit_bytes: u64,
-        /// Share of the GPU's SMs, in percent.
-        #[arg(long)]
-        active_thread_percentage: u32,
-        /// The pod's namespace (for tenancy and the manager's log).
-        #[arg(long, default_value = "")]
-        namespace: String,
-        /// The pod's name (for the manager's log and status).
-        #[arg(long, default_value = "")]
-        pod: String,
-        /// The container's name in its pod.
-        #[arg(long, default_value = "")]
-        container_name: String,
-        /// CUDA processes the container may run (its memory limit is their total).
-        #[arg(long, default_value_t = 1)]
-        cuda_processes: u32,
-        /// The policy the shim laid the container out for.
-        #[arg(long, default_value = "")]
-        policy: String,
-        /// The digest of the node config the shim used.
-        #[arg(long, default_value = "")]
-        config_digest: String,
-        /// The device plugin's gpu-mps.io/memory units on the container's GPU, e.g. 3,4,5.
-        #[arg(long, default_value = "", value_parser = parse_units)]
-        memory_units: Units,
+        #[command(flatten)]
+        request: RequestArgs,
     },
     /// Release the lease (OCI poststop hook).
     #[command(after_help = POSTSTOP_EXAMPLE)]
@@ -140,14 +112,6 @@ enum HookError {
     Manager(#[from] ClientError),
 }
 
-/// Unit numbers (clap takes a type whose parser returns it whole, not a Vec it would split).
-#[derive(Debug, Clone, Default)]
-struct Units(Vec<u32>);
-
-fn parse_units(text: &str) -> Result<Units, String> {
-    gpu_mps_api::memory_units::parse_unit_list(text).map(Units)
-}
-
 /// The fields of the OCI state runc passes to hooks that the hook needs.
 #[derive(Debug, PartialEq)]
 struct ContainerState {
@@ -179,19 +143,7 @@ fn read_state() -> Result<ContainerState, HookError> {
 
 fn run(args: Args) -> Result<(), HookError> {
     match args.stage {
-        Stage::CreateRuntime {
-            common,
-            gpus,
-            memory_limit_bytes,
-            active_thread_percentage,
-            namespace,
-            pod,
-            container_name,
-            cuda_processes,
-            policy,
-            config_digest,
-            memory_units,
-        } => {
+        Stage::CreateRuntime { common, request } => {
             let state = read_state()?;
             // A lease is dropped once its container's process is gone; without a pid it could
             // never be, and would hold its GPU memory forever.
@@ -200,20 +152,7 @@ fn run(args: Args) -> Result<(), HookError> {
             }
             // Before the lease: a container refused here never held a daemon.
             gate_mount::verify(&state.id, Path::new(&state.bundle), state.pid)?;
-            let mut req = proto::AcquireRequest::new();
-            req.container_id = state.id;
-            req.pid = state.pid;
-            req.bundle = state.bundle;
-            req.gpu_uuids = gpus;
-            req.memory_limit_bytes = memory_limit_bytes;
-            req.active_thread_percentage = active_thread_percentage;
-            req.namespace = namespace;
-            req.pod = pod;
-            req.container_name = container_name;
-            req.cuda_processes = cuda_processes;
-            req.policy = policy;
-            req.config_digest = config_digest;
-            req.memory_units = memory_units.0;
+            let req = request.to_acquire_request(&state.id, state.pid, &state.bundle);
             let conn =
                 ManagerConnection::connect(&common.socket, Duration::from_secs(common.timeout_seconds))?;
             conn.acquire(&req)?;
@@ -268,53 +207,52 @@ fn main() -> ExitCode {
 
 #[cfg(test)]
 mod tests {
-    use gpu_mps_api::Limits;
+    use gpu_mps_api::container_request::{ClientPriority, ContainerRequest, Layout, PodIdentity};
     use gpu_mps_api::hook_invocation::{AcquireArgs, release_hook_args};
+    use gpu_mps_api::{DaemonKey, Limits};
 
     use super::*;
 
     #[test]
     fn parses_the_args_the_shim_writes() {
-        let args = AcquireArgs {
-            socket: "/run/x/manager.sock".into(),
-            timeout_seconds: 7,
-            gpu_uuids: vec!["GPU-a".into(), "GPU-b".into()],
+        let request = ContainerRequest {
+            key: DaemonKey::new(["GPU-a", "GPU-b"]),
             limits: Limits {
                 memory_bytes: 4 << 30,
                 thread_percentage: 25,
             },
-            namespace: "team".into(),
-            pod: "p".into(),
-            container_name: "c".into(),
             cuda_processes: 3,
-            policy: "exact".into(),
-            config_digest: "0123456789abcdef".into(),
+            identity: PodIdentity {
+                namespace: "team".into(),
+                pod: "p".into(),
+                container_name: "c".into(),
+            },
             memory_units: vec![3, 4, 10],
+            priority: ClientPriority::BelowNormal,
+            layout: Layout {
+                policy: "exact".into(),
+                config_digest: "0123456789abcdef".into(),
+            },
+        };
+        let args = AcquireArgs {
+            socket: "/run/x/manager.sock".into(),
+            timeout_seconds: 7,
+            request: request.clone(),
         };
         let parsed = Args::try_parse_from(args.to_hook_args()).unwrap();
         match parsed.stage {
             Stage::CreateRuntime {
                 common,
-                gpus,
-                memory_limit_bytes,
-                active_thread_percentage,
-                namespace,
-                cuda_processes,
-                policy,
-                config_digest,
-                memory_units,
-                ..
+                request: args,
             } => {
-                assert_eq!(memory_units.0, vec![3, 4, 10]);
-                assert_eq!(cuda_processes, 3);
-                assert_eq!(policy, "exact");
-                assert_eq!(config_digest, "0123456789abcdef");
                 assert_eq!(common.socket, PathBuf::from("/run/x/manager.sock"));
                 assert_eq!(common.timeout_seconds, 7);
-                assert_eq!(gpus, ["GPU-a", "GPU-b"]);
-                assert_eq!(memory_limit_bytes, 4 << 30);
-                assert_eq!(active_thread_percentage, 25);
-                assert_eq!(namespace, "team");
+                let req = args.to_acquire_request("c1", 42, "/bundle");
+                assert_eq!(
+                    (req.container_id.as_str(), req.pid, req.bundle.as_str()),
+                    ("c1", 42, "/bundle")
+                );
+                assert_eq!(ContainerRequest::from_acquire_request(&req).unwrap(), request);
             }
             other => panic!("{other:?}"),
         }
@@ -371,21 +309,14 @@ mod tests {
 
     #[test]
     fn empty_ctr_fields_parse() {
+        let limits = Limits {
+            memory_bytes: 1 << 30,
+            thread_percentage: 5,
+        };
         let args = AcquireArgs {
             socket: "/s".into(),
             timeout_seconds: 1,
-            gpu_uuids: vec!["GPU-a".into()],
-            limits: Limits {
-                memory_bytes: 1 << 30,
-                thread_percentage: 5,
-            },
-            namespace: String::new(),
-            pod: String::new(),
-            container_name: String::new(),
-            cuda_processes: 1,
-            policy: String::new(),
-            config_digest: String::new(),
-            memory_units: Vec::new(),
+            request: ContainerRequest::for_test(&["GPU-a"], limits, ""),
         };
         assert!(Args::try_parse_from(args.to_hook_args()).is_ok());
     }

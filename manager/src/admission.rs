@@ -4,7 +4,7 @@
 use gpu_mps_api::inventory::GpuInfo;
 use gpu_mps_api::node_config::{LimitPolicy, NodeConfig, Tenancy};
 use gpu_mps_api::quantity::format_bytes;
-use gpu_mps_api::{DaemonKey, Limits};
+use gpu_mps_api::{ContainerRequest, DaemonKey, Limits};
 use thiserror::Error;
 
 use crate::lease::LeaseRecord;
@@ -30,25 +30,6 @@ impl From<&NodeConfig> for AdmissionPolicy {
             max_clients_per_gpu: c.limits.max_clients_per_gpu,
             allow_overlapping_gpu_sets: c.limits.allow_overlapping_gpu_sets,
         }
-    }
-}
-
-/// What a container asks for.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct LeaseRequest {
-    pub key: DaemonKey,
-    /// The container's limits: memory is the total of its CUDA processes.
-    pub limits: Limits,
-    pub cuda_processes: u32,
-    pub namespace: String,
-    /// The device plugin's units on the one GPU of `key`; empty without.
-    pub memory_units: Vec<u32>,
-}
-
-impl LeaseRequest {
-    /// What each of its CUDA processes gets: the limit class its server must hold for it.
-    pub fn process_limits(&self) -> Limits {
-        self.limits.per_process(self.cuda_processes)
     }
 }
 
@@ -156,7 +137,7 @@ impl Refusal {
 pub fn admit<'a>(
     gpus: &[GpuInfo],
     leases: impl IntoIterator<Item = &'a LeaseRecord> + Clone,
-    request: &LeaseRequest,
+    request: &ContainerRequest,
     policy: &AdmissionPolicy,
 ) -> Result<Option<Limits>, Refusal> {
     let mut targets = Vec::new();
@@ -176,24 +157,24 @@ pub fn admit<'a>(
             let same_daemon: Vec<&LeaseRecord> = leases
                 .clone()
                 .into_iter()
-                .filter(|l| l.key == request.key)
+                .filter(|l| l.request.key == request.key)
                 .collect();
             // A class is what each process gets: the server holds one for all.
             if let Some(other) = same_daemon
                 .iter()
-                .find(|l| l.process_limits() != request.process_limits())
+                .find(|l| l.request.per_process() != request.per_process())
             {
                 return Err(Refusal::ClassBusy {
                     gpu: request.key.to_string(),
-                    current: other.process_limits(),
+                    current: other.request.per_process(),
                     leases: same_daemon.len(),
-                    requested: request.process_limits(),
+                    requested: request.per_process(),
                 });
             }
         }
         LimitPolicy::Ceiling => {
             let ceiling = ceiling_of(policy);
-            let each = request.process_limits();
+            let each = request.per_process();
             if each.memory_bytes > ceiling.memory_bytes || each.thread_percentage > ceiling.thread_percentage
             {
                 return Err(Refusal::AboveCeiling {
@@ -205,29 +186,32 @@ pub fn admit<'a>(
         // Any mix of limits: each client is held to its own by the connect gate.
         LimitPolicy::Exact => {}
     }
-    let server_limits = server_limits(policy, request.process_limits());
+    let server_limits = server_limits(policy, request);
 
     for gpu in targets {
         let on_gpu: Vec<&LeaseRecord> = leases
             .clone()
             .into_iter()
-            .filter(|l| l.key.contains(&gpu.uuid))
+            .filter(|l| l.request.key.contains(&gpu.uuid))
             .collect();
         if !policy.allow_overlapping_gpu_sets {
-            if let Some(other) = on_gpu.iter().find(|l| l.key != request.key) {
+            if let Some(other) = on_gpu.iter().find(|l| l.request.key != request.key) {
                 return Err(Refusal::OverlappingGpuSet {
                     requested: request.key.clone(),
                     gpu: gpu.uuid.clone(),
-                    other: other.key.clone(),
+                    other: other.request.key.clone(),
                 });
             }
         }
         if policy.tenancy == Tenancy::Exclusive {
-            if let Some(other) = on_gpu.iter().find(|l| l.namespace != request.namespace) {
+            if let Some(other) = on_gpu
+                .iter()
+                .find(|l| l.request.identity.namespace != request.identity.namespace)
+            {
                 return Err(Refusal::TenantBusy {
                     gpu: gpu.uuid.clone(),
-                    holder: other.namespace.clone(),
-                    requested: request.namespace.clone(),
+                    holder: other.request.identity.namespace.clone(),
+                    requested: request.identity.namespace.clone(),
                 });
             }
         }
@@ -235,7 +219,7 @@ pub fn admit<'a>(
             request
                 .memory_units
                 .iter()
-                .find(|u| l.memory_units.contains(u))
+                .find(|u| l.request.memory_units.contains(u))
                 .map(|u| (l, *u))
         }) {
             return Err(Refusal::UnitHeld {
@@ -246,7 +230,7 @@ pub fn admit<'a>(
             });
         }
         // Every CUDA process is one MPS client.
-        let used: u32 = on_gpu.iter().map(|l| l.cuda_processes.max(1)).sum();
+        let used: u32 = on_gpu.iter().map(|l| l.request.cuda_processes.max(1)).sum();
         if used.saturating_add(request.cuda_processes.max(1)) > policy.max_clients_per_gpu {
             return Err(Refusal::ClientCapacity {
                 gpu: gpu.uuid.clone(),
@@ -256,7 +240,10 @@ pub fn admit<'a>(
             });
         }
         let capacity = memory_capacity(gpu.memory_bytes, policy.overcommit);
-        let reserved: u64 = on_gpu.iter().map(|l| l.limits.effective_memory_bytes()).sum();
+        let reserved: u64 = on_gpu
+            .iter()
+            .map(|l| l.request.limits.effective_memory_bytes())
+            .sum();
         if reserved.saturating_add(request.limits.effective_memory_bytes()) > capacity {
             return Err(Refusal::MemoryCapacity {
                 gpu: gpu.uuid.clone(),
@@ -271,16 +258,23 @@ pub fn admit<'a>(
     Ok(server_limits)
 }
 
-/// What a daemon's servers enforce for leases whose processes get `process_limits` each:
-/// those limits under `uniform` (one class per daemon), the node ceiling under `ceiling`.
-/// `None` under `exact`: the connect gate sets each client's own limits just before it
-/// connects, and nothing else may change them in between (crate::gate).
-pub fn server_limits(policy: &AdmissionPolicy, process_limits: Limits) -> Option<Limits> {
+/// What a daemon's servers are set to for `request`'s lease and every other of its class:
+/// each process's limits under `uniform` (one class per daemon), the node ceiling under
+/// `ceiling`. `None` under `exact`: the connect gate sets each client's own limits just before
+/// it connects, and nothing else may change them in between (crate::gate).
+pub fn server_limits(policy: &AdmissionPolicy, request: &ContainerRequest) -> Option<Limits> {
     match policy.policy {
-        LimitPolicy::Uniform => Some(process_limits),
+        LimitPolicy::Uniform => Some(request.per_process()),
         LimitPolicy::Ceiling => Some(ceiling_of(policy)),
         LimitPolicy::Exact => None,
     }
+}
+
+/// The limits the server must hold when one of `request`'s processes connects: the servers'
+/// own where the policy sets them ([`server_limits`]), else (`exact`) each process's share.
+/// The one place that says it, for the gate and for the daemon's start.
+pub fn server_class(policy: &AdmissionPolicy, request: &ContainerRequest) -> Limits {
+    server_limits(policy, request).unwrap_or_else(|| request.per_process())
 }
 
 fn ceiling_of(policy: &AdmissionPolicy) -> Limits {
@@ -322,14 +316,8 @@ mod tests {
         LeaseRecord::for_test(id, DaemonKey::new(gpus.iter().copied()), l, ns)
     }
 
-    fn request(gpus: &[&str], l: Limits, ns: &str) -> LeaseRequest {
-        LeaseRequest {
-            key: DaemonKey::new(gpus.iter().copied()),
-            limits: l,
-            cuda_processes: 1,
-            namespace: ns.into(),
-            memory_units: Vec::new(),
-        }
+    fn request(gpus: &[&str], l: Limits, ns: &str) -> ContainerRequest {
+        ContainerRequest::for_test(gpus, l, ns)
     }
 
     fn policy(p: LimitPolicy) -> AdmissionPolicy {
@@ -414,7 +402,7 @@ mod tests {
     fn a_unit_held_by_a_live_lease_is_refused() {
         let gpus = [gpu(0)];
         let mut holder = lease("a", &["GPU-0"], limits(2, 50), "ns");
-        holder.memory_units = vec![0, 1];
+        holder.request.memory_units = vec![0, 1];
         let p = policy(LimitPolicy::Exact);
         let mut req = request(&["GPU-0"], limits(2, 50), "ns");
         req.memory_units = vec![1, 2];
@@ -499,7 +487,7 @@ mod tests {
         let gpus = [gpu(0)];
         let l = limits(1, 2);
         let mut big = lease("big", &["GPU-0"], l, "ns");
-        big.cuda_processes = 40;
+        big.request.cuda_processes = 40;
         let leases = [big];
         let p = policy(LimitPolicy::Exact);
         let mut eight = request(&["GPU-0"], l, "ns");

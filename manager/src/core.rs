@@ -186,7 +186,7 @@ struct Books {
 impl Books {
     /// Whether a lease, recorded or being acquired, uses the daemon of `key`.
     fn in_use(&self, key: &DaemonKey) -> bool {
-        self.state.leases_of(key).next().is_some() || self.pending.values().any(|l| &l.key == key)
+        self.state.leases_of(key).next().is_some() || self.pending.values().any(|l| &l.request.key == key)
     }
 
     /// Marks the daemon idle (its stop then waits for the grace period) once nothing uses it.
@@ -447,14 +447,14 @@ fn gate_target(config: &NodeConfig, id: &ContainerId, lease: &LeaseRecord) -> Ga
     GateTarget {
         container: id.clone(),
         gate_dir: config.gate_dir(id),
-        daemon: lease.key.clone(),
-        daemon_pipe_dir: config.pipe_dir(&lease.key),
-        limits: lease.limits,
-        cuda_processes: lease.cuda_processes,
-        server_class: Some(
-            admission::server_limits(&AdmissionPolicy::from(config), lease.process_limits())
-                .unwrap_or_else(|| lease.process_limits()),
-        ),
+        daemon: lease.request.key.clone(),
+        daemon_pipe_dir: config.pipe_dir(&lease.request.key),
+        limits: lease.request.limits,
+        cuda_processes: lease.request.cuda_processes,
+        server_class: Some(admission::server_class(
+            &AdmissionPolicy::from(config),
+            &lease.request,
+        )),
         running: Vec::new(),
         init: lease.process,
         owner: lease.owner(),

@@ -198,23 +198,20 @@ mod tests {
     use gpu_mps_api::{DaemonKey, Limits};
 
     fn lease(id: &str, memory_bytes: u64) -> LeaseRecord {
-        LeaseRecord {
-            container_id: id.into(),
-            key: DaemonKey::new(["GPU-a"]),
-            limits: Limits {
+        let mut lease = LeaseRecord::for_test(
+            id,
+            DaemonKey::new(["GPU-a"]),
+            Limits {
                 memory_bytes,
                 thread_percentage: 25,
             },
-            cuda_processes: 1,
-            namespace: "default".into(),
-            pod: "p".into(),
-            container_name: "c".into(),
-            bundle: "/b".into(),
-            process: None,
-            acquired_unix: 1,
-            memory_units: vec![],
-            daemon_lost_unix: None,
-        }
+            "default",
+        );
+        lease.request.identity.pod = "p".into();
+        lease.request.identity.container_name = "c".into();
+        lease.bundle = "/b".into();
+        lease.acquired_unix = 1;
+        lease
     }
 
     fn leases(list: &[LeaseRecord]) -> BTreeMap<String, LeaseRecord> {

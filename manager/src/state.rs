@@ -138,13 +138,38 @@ impl State {
     }
 
     pub fn leases_of<'a>(&'a self, key: &'a DaemonKey) -> impl Iterator<Item = &'a LeaseRecord> + 'a {
-        self.leases.values().filter(move |l| &l.key == key)
+        self.leases.values().filter(move |l| &l.request.key == key)
     }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_state_file_written_before_the_request_was_one_type_loads_whole() {
+        // Written by commit 8214996 (tests/fixtures/): a manager upgraded over it adopts every
+        // lease with what it held.
+        let path = Path::new(concat!(
+            env!("CARGO_MANIFEST_DIR"),
+            "/tests/fixtures/state-8214996.json"
+        ));
+        let s = State::load(path).unwrap();
+        let key = DaemonKey::new(["GPU-9e2f7c3d-0b4a-41e6-8d5c-2a7b9f1e3d02"]);
+        assert_eq!(s.daemons[&key.dir_name()].faults, 1);
+        assert_eq!(s.leases_of(&key).count(), 2);
+        let units = &s.leases["aa00bb11cc22dd33"];
+        assert_eq!(units.request.memory_units, [3, 4, 5]);
+        assert_eq!(units.request.identity.namespace, "team-b");
+        assert_eq!(units.request.limits.thread_percentage, 10);
+        let plain = s.leases.values().find(|l| l.request.cuda_processes == 2).unwrap();
+        assert_eq!(plain.request.per_process().memory_bytes, 2 << 30);
+        assert_eq!(s.saved_compute_modes.len(), 1);
+        // Saved again, it is the same JSON: a manager rolled back to that commit reads it.
+        let again: serde_json::Value = serde_json::from_slice(&serde_json::to_vec(&s).unwrap()).unwrap();
+        let old: serde_json::Value = serde_json::from_slice(&std::fs::read(path).unwrap()).unwrap();
+        assert_eq!(again, old);
+    }
 
     #[test]
     fn round_trip_and_missing_file() {

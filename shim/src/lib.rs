@@ -21,7 +21,7 @@ pub mod spec_fields;
 
 pub use error::ShimError;
 pub use plan::{ParsedSpec, RewritePlan, parse_spec, plan_rewrite};
-pub use request::{CriIdentity, ResolvedRequest};
+pub use request::ResolvedRequest;
 pub use rewrite::rewrite;
 
 /// Set (to anything but empty or `0`) to make the shim log what it does to stderr.

@@ -6,6 +6,7 @@ use std::collections::HashMap;
 use std::path::PathBuf;
 
 use gpu_mps_api::annotations::CRI_CONTAINER_TYPE;
+use gpu_mps_api::container_request::{ContainerRequest, Layout};
 use gpu_mps_api::hook_invocation::AcquireArgs;
 use gpu_mps_api::inventory::Inventory;
 use gpu_mps_api::{ContainerId, DaemonKey, Limits, NodeConfig};
@@ -14,7 +15,7 @@ use serde_json::Value;
 use crate::allocation;
 use crate::error::ShimError;
 use crate::gpu_devices::{self, DeviceRequest, EnvVerdict, TRUST_ENV_KEY, VISIBLE_DEVICES_ENV};
-use crate::request::{self, CriIdentity, NodeRules, ResolvedLimits, ResolvedRequest};
+use crate::request::{self, NodeRules, ResolvedLimits, ResolvedRequest};
 use crate::rewrite::{self, RewriteError};
 use crate::spec_fields;
 
@@ -87,7 +88,7 @@ pub fn parse_spec(text: &str) -> Result<ParsedSpec, ShimError> {
     } else {
         // Before the node config and the inventory are read (a node whose manager is down must
         // still tell the pod what is wrong with its annotations), and every bad one at once.
-        let container_name = CriIdentity::from_annotations(&annotations).container_name;
+        let container_name = request::identity_from_annotations(&annotations).container_name;
         request::check_annotations(&annotations, &container_name)?;
     }
     let passthrough_reason = devices.is_none().then(|| gpu_devices::no_gpu_reason(fields));
@@ -167,8 +168,8 @@ impl ParsedSpec {
                 reason,
             });
         };
-        let identity = CriIdentity::from_annotations(&parsed.annotations);
-        identity.check_hook_args()?;
+        let identity = request::identity_from_annotations(&parsed.annotations);
+        request::check_names_for_hook(&identity)?;
         let (maxima, maxima_scope) = config.limits.maxima_for(&identity.namespace);
         let rules = NodeRules {
             default_limits: config.limits.default_limits,
@@ -190,16 +191,25 @@ impl ParsedSpec {
         // Under every policy the container sees only its gate's `control`, never the daemon's
         // pipe dir: that one holds `control_privileged`, through which a root pod could change
         // or quit the daemon (measured on the H200, MPS-FACTS.md "Hostile tenants").
+        let (priority, priority_source) =
+            request::resolve_priority(&parsed.annotations, &identity.container_name)?;
         let gate_dir = config.gate_dir(&ContainerId::parse(container_id)?);
         let env = spec_fields::env(&parsed.spec)?;
         let request = ResolvedRequest {
-            daemon: daemon.clone(),
-            limits: resolved.limits,
-            cuda_processes: resolved.cuda_processes,
-            identity,
+            container: ContainerRequest {
+                key: daemon.clone(),
+                limits: resolved.limits,
+                cuda_processes: resolved.cuda_processes,
+                identity,
+                memory_units: allocation.map(|(a, _)| a.units).unwrap_or_default(),
+                priority,
+                layout: Layout {
+                    policy: config.limits.policy.to_string(),
+                    config_digest: config.digest(),
+                },
+            },
             gate_dir: gate_dir.clone(),
             narrow_visible_devices: devices.trusted() && gpu_devices::env_names_devices(&env),
-            memory_units: allocation.map(|(a, _)| a.units).unwrap_or_default(),
         };
         let mut spec = parsed.spec;
         let acquire = rewrite::rewrite(&mut spec, &request, config)?;
@@ -218,6 +228,13 @@ impl ParsedSpec {
             config.limits.policy,
             gate_dir.display(),
         );
+        // Said only where it is not MPS's default, so every reason of a normal container reads
+        // as it did before priorities existed.
+        let reason = if priority.is_normal() {
+            reason
+        } else {
+            format!("{reason}; client priority {priority} (from {priority_source})")
+        };
         Ok(RewritePlan {
             rewritten: Some(spec_text(&spec)?),
             daemon: Some(daemon),

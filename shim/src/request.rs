@@ -10,14 +10,15 @@ use std::collections::HashMap;
 use std::fmt;
 use std::path::PathBuf;
 
+use gpu_mps_api::Limits;
 use gpu_mps_api::annotations::{
-    self, ACTIVE_THREAD_PERCENTAGE, ALLOCATED_UNITS, CRI_CONTAINER_NAME, CRI_SANDBOX_NAME,
+    self, ACTIVE_THREAD_PERCENTAGE, ALLOCATED_UNITS, CLIENT_PRIORITY, CRI_CONTAINER_NAME, CRI_SANDBOX_NAME,
     CRI_SANDBOX_NAMESPACE, CUDA_PROCESSES, MEMORY_LIMIT,
 };
+use gpu_mps_api::container_request::{ClientPriority, ContainerRequest, PodIdentity};
 use gpu_mps_api::limits::{self, LimitError};
 use gpu_mps_api::maxima::{Maxima, MaximaError};
 use gpu_mps_api::message::printable;
-use gpu_mps_api::{DaemonKey, Limits};
 use thiserror::Error;
 
 /// Where the value of one limit came from.
@@ -67,50 +68,38 @@ impl ResolvedLimits {
 }
 
 /// Who the container is, from the CRI plugin's annotations; empty strings when absent (ctr).
-#[derive(Debug, Clone, PartialEq, Eq, Default)]
-pub struct CriIdentity {
-    pub namespace: String,
-    pub pod: String,
-    pub container_name: String,
+pub fn identity_from_annotations(annotations: &HashMap<String, String>) -> PodIdentity {
+    let get = |key: &str| annotations.get(key).cloned().unwrap_or_default();
+    PodIdentity {
+        namespace: get(CRI_SANDBOX_NAMESPACE),
+        pod: get(CRI_SANDBOX_NAME),
+        container_name: get(CRI_CONTAINER_NAME),
+    }
 }
 
-impl CriIdentity {
-    pub fn from_annotations(annotations: &HashMap<String, String>) -> Self {
-        let get = |key: &str| annotations.get(key).cloned().unwrap_or_default();
-        CriIdentity {
-            namespace: get(CRI_SANDBOX_NAMESPACE),
-            pod: get(CRI_SANDBOX_NAME),
-            container_name: get(CRI_CONTAINER_NAME),
-        }
-    }
-
-    /// The names go into the createRuntime hook's arguments, which runc passes to exec as C
-    /// strings: a NUL byte would fail the hook with only "invalid argument", after the spec
-    /// was written.
-    pub fn check_hook_args(&self) -> Result<(), RequestError> {
-        let names = [
-            (CRI_SANDBOX_NAMESPACE, &self.namespace),
-            (CRI_SANDBOX_NAME, &self.pod),
-            (CRI_CONTAINER_NAME, &self.container_name),
-        ];
-        match names.into_iter().find(|(_, value)| value.contains('\0')) {
-            Some((key, value)) => Err(RequestError::NulInName {
-                key,
-                value: value.clone(),
-            }),
-            None => Ok(()),
-        }
+/// The names go into the createRuntime hook's arguments, which runc passes to exec as C
+/// strings: a NUL byte would fail the hook with only "invalid argument", after the spec was
+/// written.
+pub fn check_names_for_hook(identity: &PodIdentity) -> Result<(), RequestError> {
+    let names = [
+        (CRI_SANDBOX_NAMESPACE, &identity.namespace),
+        (CRI_SANDBOX_NAME, &identity.pod),
+        (CRI_CONTAINER_NAME, &identity.container_name),
+    ];
+    match names.into_iter().find(|(_, value)| value.contains('\0')) {
+        Some((key, value)) => Err(RequestError::NulInName {
+            key,
+            value: value.clone(),
+        }),
+        None => Ok(()),
     }
 }
 
 /// Everything the rewrite needs to know about one GPU container.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ResolvedRequest {
-    pub daemon: DaemonKey,
-    /// The container's limits (memory: the total of its CUDA processes).
-    pub limits: Limits,
-    pub cuda_processes: u32,
-    pub identity: CriIdentity,
+    /// What the container asks of the node: what the hook carries to the manager.
+    pub container: ContainerRequest,
     /// The host directory mounted at /tmp/nvidia-mps: the container's gate dir, under every
     /// policy (docs/adr/0006).
     pub gate_dir: PathBuf,
@@ -118,9 +107,6 @@ pub struct ResolvedRequest {
     /// names devices: it is set to these GPUs, so that a runtime after the shim
     /// (nvidia-container-runtime) does not hand the container the GPUs the pod wrote there.
     pub narrow_visible_devices: bool,
-    /// The device plugin's units of the container's GPU (empty without an allocation): the
-    /// manager refuses units another live container holds.
-    pub memory_units: Vec<u32>,
 }
 
 #[derive(Debug, Error, PartialEq, Eq)]
@@ -192,6 +178,7 @@ pub fn check_annotations(
     }
     check_field(&THREADS, annotations, container_name, &mut errors);
     check_field(&PROCESSES, annotations, container_name, &mut errors);
+    check_field(&PRIORITY, annotations, container_name, &mut errors);
     match errors.len() {
         0 => Ok(()),
         1 => Err(errors.remove(0)),
@@ -329,6 +316,28 @@ const PROCESSES: Field<u32> = Field {
     config_key: "limits.default_cuda_processes",
     parse: limits::parse_cuda_processes,
 };
+
+const PRIORITY: Field<ClientPriority> = Field {
+    base: CLIENT_PRIORITY,
+    describe: "client priority",
+    allowed: "normal or below-normal",
+    // Never missing: without an annotation the priority is MPS's own default, normal.
+    config_key: "none",
+    parse: ClientPriority::parse,
+};
+
+/// The MPS client priority of the container's processes: its annotation, else normal.
+pub fn resolve_priority(
+    annotations: &HashMap<String, String>,
+    container_name: &str,
+) -> Result<(ClientPriority, LimitSource), RequestError> {
+    resolve_field(
+        &PRIORITY,
+        annotations,
+        container_name,
+        Some(ClientPriority::Normal),
+    )
+}
 
 /// What a container may ask for at most, and the defaults of what it does not ask for.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -826,11 +835,10 @@ mod tests {
             (CRI_SANDBOX_NAME, &"p".repeat(4096)),
             (CRI_CONTAINER_NAME, ""),
         ]);
-        assert_eq!(CriIdentity::from_annotations(&ok).check_hook_args(), Ok(()));
+        assert_eq!(check_names_for_hook(&identity_from_annotations(&ok)), Ok(()));
         for key in [CRI_SANDBOX_NAMESPACE, CRI_SANDBOX_NAME, CRI_CONTAINER_NAME] {
             let a = annotations(&[(key, "in\0fer")]);
-            let e = CriIdentity::from_annotations(&a)
-                .check_hook_args()
+            let e = check_names_for_hook(&identity_from_annotations(&a))
                 .unwrap_err()
                 .to_string();
             assert_eq!(
@@ -849,14 +857,11 @@ mod tests {
             (CRI_SANDBOX_NAME, "infer-7d9f"),
             (CRI_CONTAINER_NAME, "infer"),
         ]);
-        let id = CriIdentity::from_annotations(&a);
+        let id = identity_from_annotations(&a);
         assert_eq!(
             (id.namespace.as_str(), id.pod.as_str(), id.container_name.as_str()),
             ("team-a", "infer-7d9f", "infer")
         );
-        assert_eq!(
-            CriIdentity::from_annotations(&HashMap::new()),
-            CriIdentity::default()
-        );
+        assert_eq!(identity_from_annotations(&HashMap::new()), PodIdentity::default());
     }
 }

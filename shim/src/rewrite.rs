@@ -31,6 +31,8 @@ pub const MASKED_NVIDIA_SMI: [&str; 5] = [
 pub const MPS_ENV_PREFIX: &str = "CUDA_MPS_";
 /// Stripped: a client could use it to take more of the server's work queues than its share.
 pub const MAX_CONNECTIONS_ENV: &str = "CUDA_DEVICE_MAX_CONNECTIONS";
+/// MPS's client priority; set from `gpu-mps.io/priority`.
+pub const PRIORITY_ENV: &str = "CUDA_MPS_CLIENT_PRIORITY";
 /// Options of the gate dir mount: the container may connect to the socket, never change it.
 pub const GATE_MOUNT_OPTIONS: [&str; 5] = ["rbind", "ro", "nosuid", "nodev", "noexec"];
 /// Seconds an OCI hook gets beyond its own timeout to report before runc kills it.
@@ -51,15 +53,7 @@ pub fn acquire_args(request: &ResolvedRequest, config: &NodeConfig) -> AcquireAr
     AcquireArgs {
         socket: config.manager_socket().display().to_string(),
         timeout_seconds: config.hook.timeout_seconds,
-        gpu_uuids: request.daemon.gpu_uuids().to_vec(),
-        limits: request.limits,
-        namespace: request.identity.namespace.clone(),
-        pod: request.identity.pod.clone(),
-        container_name: request.identity.container_name.clone(),
-        cuda_processes: request.cuda_processes,
-        policy: config.limits.policy.to_string(),
-        config_digest: config.digest(),
-        memory_units: request.memory_units.clone(),
+        request: request.container.clone(),
     }
 }
 
@@ -111,19 +105,24 @@ fn rewrite_in_place(
     spec_mounts.push(gate_mount);
 
     let process = object_entry(root, "process", "process")?;
-    let limits = request.limits;
+    let container = &request.container;
+    let limits = container.limits;
     // What each CUDA process gets: the server holds it there under policy exact; the env says
     // it too, for frameworks that read it and for policy ceiling.
-    let each = limits.per_process(request.cuda_processes);
+    let each = container.per_process();
     let ours = [
         format!("CUDA_MPS_PIPE_DIRECTORY={CONTAINER_PIPE_DIR}"),
         format!("CUDA_MPS_ACTIVE_THREAD_PERCENTAGE={}", each.thread_percentage),
         format!(
             "CUDA_MPS_PINNED_DEVICE_MEM_LIMIT={}",
-            each.mps_memory_env(request.daemon.gpu_uuids().len())
+            each.mps_memory_env(container.key.gpu_uuids().len())
         ),
     ];
-    let narrowed = format!("{VISIBLE_DEVICES_ENV}={}", request.daemon.gpu_uuids().join(","));
+    // Only below normal: MPS's default needs no variable, and the pod's own was removed with
+    // every CUDA_MPS_* it set (a courtesy, not a limit: a process can set it back).
+    let priority = (!container.priority.is_normal())
+        .then(|| format!("{PRIORITY_ENV}={}", container.priority.mps_value()));
+    let narrowed = format!("{VISIBLE_DEVICES_ENV}={}", container.key.gpu_uuids().join(","));
     let new_env = env
         .into_iter()
         .filter(|e| !owned_env(e))
@@ -135,6 +134,7 @@ fn rewrite_in_place(
             }
         })
         .chain(ours)
+        .chain(priority)
         .map(Value::String)
         .collect();
     *array_entry(process, "env", "process.env")? = new_env;
@@ -155,11 +155,14 @@ fn rewrite_in_place(
     push_once(array_entry(hooks, "poststop", "hooks.poststop")?, poststop);
 
     let annotations = object_entry(root, "annotations", "annotations")?;
-    annotations.insert(DAEMON.to_string(), Value::String(request.daemon.dir_name()));
-    let limits_text = if request.cuda_processes == 1 {
+    annotations.insert(DAEMON.to_string(), Value::String(container.key.dir_name()));
+    let limits_text = if container.cuda_processes == 1 {
         limits.to_string()
     } else {
-        format!("{limits} in {} CUDA processes of {each}", request.cuda_processes)
+        format!(
+            "{limits} in {} CUDA processes of {each}",
+            container.cuda_processes
+        )
     };
     annotations.insert(LIMITS.to_string(), Value::String(limits_text));
 
@@ -236,27 +239,36 @@ mod tests {
     use gpu_mps_api::{DaemonKey, Limits};
     use serde_json::json;
 
+    use gpu_mps_api::container_request::{ClientPriority, ContainerRequest, Layout, PodIdentity};
+
     use super::*;
-    use crate::request::CriIdentity;
 
     const UUID: &str = "GPU-aaaaaaaa-1111-2222-3333-444444444444";
 
     fn request() -> ResolvedRequest {
+        let config = NodeConfig::default();
         ResolvedRequest {
-            daemon: DaemonKey::new([UUID]),
-            limits: Limits {
-                memory_bytes: 4 << 30,
-                thread_percentage: 25,
-            },
-            cuda_processes: 1,
-            identity: CriIdentity {
-                namespace: "ns".into(),
-                pod: "pod".into(),
-                container_name: "infer".into(),
+            container: ContainerRequest {
+                key: DaemonKey::new([UUID]),
+                limits: Limits {
+                    memory_bytes: 4 << 30,
+                    thread_percentage: 25,
+                },
+                cuda_processes: 1,
+                identity: PodIdentity {
+                    namespace: "ns".into(),
+                    pod: "pod".into(),
+                    container_name: "infer".into(),
+                },
+                memory_units: Vec::new(),
+                priority: ClientPriority::Normal,
+                layout: Layout {
+                    policy: config.limits.policy.to_string(),
+                    config_digest: config.digest(),
+                },
             },
             gate_dir: "/run/gpu-mps/gates/0123456789abcdef".into(),
             narrow_visible_devices: false,
-            memory_units: Vec::new(),
         }
     }
 
@@ -283,9 +295,15 @@ mod tests {
     fn injects_exactly_the_contract() {
         let mut s = spec();
         let acquire = rewrite(&mut s, &request(), &NodeConfig::default()).unwrap();
-        assert_eq!(acquire.gpu_uuids, [UUID]);
+        assert_eq!(acquire.request.key.gpu_uuids(), [UUID]);
         assert_eq!(acquire.socket, "/run/gpu-mps/manager.sock");
-        assert_eq!((acquire.namespace.as_str(), acquire.pod.as_str()), ("ns", "pod"));
+        assert_eq!(
+            (
+                acquire.request.identity.namespace.as_str(),
+                acquire.request.identity.pod.as_str()
+            ),
+            ("ns", "pod")
+        );
         assert_eq!(
             s["process"]["env"],
             json!([
@@ -344,7 +362,7 @@ mod tests {
     #[test]
     fn one_memory_entry_per_gpu_of_the_daemon() {
         let mut r = request();
-        r.daemon = DaemonKey::new([UUID, "GPU-bbbb"]);
+        r.container.key = DaemonKey::new([UUID, "GPU-bbbb"]);
         let mut s = spec();
         rewrite(&mut s, &r, &NodeConfig::default()).unwrap();
         let env = s["process"]["env"].as_array().unwrap();
@@ -352,17 +370,20 @@ mod tests {
             env.contains(&json!("CUDA_MPS_PINNED_DEVICE_MEM_LIMIT=0=4096M,1=4096M")),
             "{env:?}"
         );
-        assert_eq!(s["annotations"][DAEMON], r.daemon.dir_name());
+        assert_eq!(s["annotations"][DAEMON], r.container.key.dir_name());
     }
 
     #[test]
     fn the_env_gives_each_process_its_share() {
         let mut r = request();
-        r.cuda_processes = 4;
+        r.container.cuda_processes = 4;
         let mut s = spec();
         let acquire = rewrite(&mut s, &r, &NodeConfig::default()).unwrap();
-        assert_eq!(acquire.cuda_processes, 4);
-        assert_eq!(acquire.limits, r.limits, "the manager gets the container's total");
+        assert_eq!(acquire.request.cuda_processes, 4);
+        assert_eq!(
+            acquire.request.limits, r.container.limits,
+            "the manager gets the container's total"
+        );
         let env = s["process"]["env"].as_array().unwrap();
         assert!(
             env.contains(&json!("CUDA_MPS_PINNED_DEVICE_MEM_LIMIT=0=1024M")),
@@ -373,6 +394,38 @@ mod tests {
             "{env:?}"
         );
         assert_eq!(s["annotations"][LIMITS], "4Gi/25% in 4 CUDA processes of 1Gi/25%");
+    }
+
+    #[test]
+    fn a_below_normal_container_gets_the_priority_variable_and_the_pods_own_is_gone() {
+        let mut r = request();
+        r.container.priority = ClientPriority::BelowNormal;
+        let mut s = spec();
+        s["process"]["env"]
+            .as_array_mut()
+            .unwrap()
+            .push(json!("CUDA_MPS_CLIENT_PRIORITY=0"));
+        let acquire = rewrite(&mut s, &r, &NodeConfig::default()).unwrap();
+        let env = s["process"]["env"].as_array().unwrap();
+        let priorities: Vec<_> = env
+            .iter()
+            .filter(|e| e.as_str().unwrap().starts_with("CUDA_MPS_CLIENT_PRIORITY="))
+            .collect();
+        assert_eq!(priorities, [&json!("CUDA_MPS_CLIENT_PRIORITY=1")]);
+        assert!(
+            acquire
+                .to_hook_args()
+                .contains(&"--priority=below-normal".to_string())
+        );
+        // Normal: no variable at all (MPS's default), as before priorities existed.
+        let mut s = spec();
+        rewrite(&mut s, &request(), &NodeConfig::default()).unwrap();
+        let env = s["process"]["env"].as_array().unwrap();
+        assert!(
+            !env.iter()
+                .any(|e| e.as_str().unwrap().starts_with("CUDA_MPS_CLIENT_PRIORITY")),
+            "{env:?}"
+        );
     }
 
     #[test]
@@ -403,11 +456,14 @@ mod tests {
     }
 
     #[test]
-    fn the_hook_carries_the_policy_and_config_digest() {
+    fn the_hook_carries_the_request_as_resolved_layout_included() {
+        // The plan sets the layout from the node config (the golden files show it per case);
+        // the rewrite hands on the request whole.
         let config = NodeConfig::default();
         let acquire = rewrite(&mut spec(), &request(), &config).unwrap();
-        assert_eq!(acquire.policy, "exact");
-        assert_eq!(acquire.config_digest, config.digest());
+        assert_eq!(acquire.request, request().container);
+        assert_eq!(acquire.request.layout.policy, "exact");
+        assert_eq!(acquire.request.layout.config_digest, config.digest());
     }
 
     #[test]

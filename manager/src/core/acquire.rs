@@ -1,11 +1,11 @@
 //! Acquire: admission in the books, the daemon made ready in its turn, the gate opened, the
 //! lease recorded. Two Acquires on different daemons never wait for each other.
 
-use gpu_mps_api::{ContainerId, DaemonKey, Limits, proto};
+use gpu_mps_api::{ContainerId, ContainerRequest, Limits, proto};
 use tracing::{error, info, warn};
 
 use super::{Books, ManagerCore, ManagerError, now_unix};
-use crate::admission::{self, LeaseRequest};
+use crate::admission;
 use crate::lease::LeaseRecord;
 use crate::metrics::AcquireOutcome;
 use crate::process_identity::ProcessIdentity;
@@ -82,7 +82,7 @@ impl ManagerCore {
     fn reserve(
         &self,
         req: &proto::AcquireRequest,
-        request: &LeaseRequest,
+        request: &ContainerRequest,
         process: ProcessIdentity,
         gate_id: &ContainerId,
     ) -> Result<Reservation, ManagerError> {
@@ -95,12 +95,7 @@ impl ManagerCore {
         }
         if let Some(existing) = books.state.leases.get(&req.container_id).cloned() {
             let same_process = existing.process.is_none() || existing.process == Some(process);
-            if same_process
-                && existing.key == request.key
-                && existing.limits == request.limits
-                && existing.cuda_processes == request.cuda_processes
-                && existing.memory_units == request.memory_units
-            {
+            if same_process && existing.request.same_lease_as(request) {
                 let response = self.response_for(&books, &existing);
                 // Outside the books: opening asks the gate keeper to hold the socket.
                 drop(books);
@@ -113,8 +108,8 @@ impl ManagerCore {
                 return Err(ManagerError::InvalidRequest(format!(
                     "container {} already holds a lease on {} with {} (pid {})",
                     req.container_id,
-                    existing.key,
-                    existing.limits,
+                    existing.request.key,
+                    existing.request.limits,
                     existing.process.map_or(0, |p| p.pid)
                 )));
             }
@@ -122,7 +117,7 @@ impl ManagerCore {
             // missed): the old lease goes.
             warn!(container = %req.container_id, old_pid = existing.process.map_or(0, |p| p.pid), new_pid = req.pid, "a new container reuses the id of a lease whose process is gone; the old lease is dropped");
             books.state.leases.remove(&req.container_id);
-            books.mark_idle_if_unused(&existing.key);
+            books.mark_idle_if_unused(&existing.request.key);
         }
         // kubelet hands out units once their pod has ended, which can be before the manager has
         // dropped the lease of its container (release grace, a missed poststop): a holder whose
@@ -132,8 +127,11 @@ impl ManagerCore {
             .leases
             .values()
             .filter(|l| {
-                l.key == request.key
-                    && request.memory_units.iter().any(|u| l.memory_units.contains(u))
+                l.request.key == request.key
+                    && request
+                        .memory_units
+                        .iter()
+                        .any(|u| l.request.memory_units.contains(u))
                     && !l.container_alive()
             })
             .cloned()
@@ -141,7 +139,7 @@ impl ManagerCore {
         for gone in gone_holders {
             warn!(container = %gone.container_id, new_container = %req.container_id, "the units of a lease whose container is gone are given to a new container; the old lease is dropped");
             books.state.leases.remove(&gone.container_id);
-            books.mark_idle_if_unused(&gone.key);
+            books.mark_idle_if_unused(&gone.request.key);
         }
         let live = books.state.leases.values().chain(books.pending.values());
         let server_limits = admission::admit(&self.inventory.gpus, live, request, &self.policy)
@@ -150,16 +148,10 @@ impl ManagerCore {
             })?;
         let lease = LeaseRecord {
             container_id: req.container_id.clone(),
-            key: request.key.clone(),
-            limits: request.limits,
-            cuda_processes: request.cuda_processes,
-            namespace: req.namespace.clone(),
-            pod: req.pod.clone(),
-            container_name: req.container_name.clone(),
+            request: request.clone(),
             bundle: req.bundle.clone(),
             process: Some(process),
             acquired_unix: now_unix(),
-            memory_units: request.memory_units.clone(),
             daemon_lost_unix: None,
         };
         books.pending.insert(lease.container_id.clone(), lease.clone());
@@ -179,8 +171,8 @@ impl ManagerCore {
         gate_id: &ContainerId,
     ) -> Result<(), NotReady> {
         {
-            let _turn = self.daemon_turns.take(&lease.key).await;
-            self.ensure_daemon(&lease.key, server_limits)
+            let _turn = self.daemon_turns.take(&lease.request.key).await;
+            self.ensure_daemon(&lease.request.key, server_limits)
                 .await
                 .map_err(NotReady::Daemon)?;
         }
@@ -189,7 +181,7 @@ impl ManagerCore {
         self.gates
             .open(self.gate_target(gate_id, lease), None)
             .map_err(|e| {
-                error!(container = %lease.container_id, namespace = %lease.namespace, pod = %lease.pod, error = %e, "lease failed: cannot open the container's gate");
+                error!(container = %lease.container_id, namespace = %lease.request.identity.namespace, pod = %lease.request.identity.pod, error = %e, "lease failed: cannot open the container's gate");
                 NotReady::Gate(e.into())
             })
     }
@@ -204,10 +196,10 @@ impl ManagerCore {
         let mut books = self.books();
         let still_pending = books.pending.remove(&lease.container_id).is_some();
         if let Err(failed) = ready {
-            books.mark_idle_if_unused(&lease.key);
+            books.mark_idle_if_unused(&lease.request.key);
             let error = match failed {
                 NotReady::Daemon(e) => {
-                    books.note_start_failure(&lease.key, now_unix(), &e);
+                    books.note_start_failure(&lease.request.key, now_unix(), &e);
                     e
                 }
                 NotReady::Gate(e) => e,
@@ -216,7 +208,7 @@ impl ManagerCore {
         }
         if !still_pending {
             // Released while its daemon started (the container was deleted meanwhile).
-            books.mark_idle_if_unused(&lease.key);
+            books.mark_idle_if_unused(&lease.request.key);
             drop(books);
             self.gates.close(gate_id, &self.config.gate_dir(gate_id));
             return Err(ManagerError::InvalidRequest(format!(
@@ -224,8 +216,8 @@ impl ManagerCore {
                 lease.container_id
             )));
         }
-        books.start_failures.remove(&lease.key);
-        if let Some(d) = books.state.daemons.get_mut(&lease.key.dir_name()) {
+        books.start_failures.remove(&lease.request.key);
+        if let Some(d) = books.state.daemons.get_mut(&lease.request.key.dir_name()) {
             d.idle_since_unix = None;
         }
         books
@@ -235,7 +227,7 @@ impl ManagerCore {
         if let Err(e) = books.save(&self.config.state_path()) {
             // A lease the node could forget must not run: a restart would not count it.
             books.state.leases.remove(&lease.container_id);
-            books.mark_idle_if_unused(&lease.key);
+            books.mark_idle_if_unused(&lease.request.key);
             self.save_or_log(&mut books, "after a lease that could not be recorded");
             drop(books);
             self.gates.close(gate_id, &self.config.gate_dir(gate_id));
@@ -278,10 +270,10 @@ impl ManagerCore {
     pub(super) fn response_for(&self, books: &Books, lease: &LeaseRecord) -> proto::AcquireResponse {
         let mut resp = proto::AcquireResponse::new();
         resp.lease = Some(super::status::lease_proto(lease)).into();
-        if let Some(d) = books.state.daemons.get(&lease.key.dir_name()) {
+        if let Some(d) = books.state.daemons.get(&lease.request.key.dir_name()) {
             resp.daemon = Some(super::status::daemon_proto(
                 d,
-                books.state.leases_of(&lease.key).count(),
+                books.state.leases_of(&lease.request.key).count(),
             ))
             .into();
         }
@@ -296,30 +288,10 @@ enum NotReady {
     Gate(ManagerError),
 }
 
-/// Checks what the hook sent and turns it into an admission request.
-fn validate(req: &proto::AcquireRequest) -> Result<LeaseRequest, ManagerError> {
-    let bad = |m: String| Err(ManagerError::InvalidRequest(m));
+/// Checks what the hook sent: the container named, its request as the socket must check it.
+fn validate(req: &proto::AcquireRequest) -> Result<ContainerRequest, ManagerError> {
     if req.container_id.is_empty() {
-        return bad("container_id is empty".into());
+        return Err(ManagerError::InvalidRequest("container_id is empty".into()));
     }
-    if req.gpu_uuids.is_empty() {
-        return bad("no GPU in the request".into());
-    }
-    let limits = Limits::checked(req.memory_limit_bytes, req.active_thread_percentage)
-        .map_err(|e| ManagerError::InvalidRequest(e.to_string()))?;
-    // 0 is what the hook of an older shim sends: one process.
-    let cuda_processes = req.cuda_processes.max(1);
-    if cuda_processes > gpu_mps_api::limits::MAX_CUDA_PROCESSES {
-        return bad(format!(
-            "cuda_processes {cuda_processes} is out of range: expected 1 to {}",
-            gpu_mps_api::limits::MAX_CUDA_PROCESSES
-        ));
-    }
-    Ok(LeaseRequest {
-        key: DaemonKey::new(req.gpu_uuids.iter().cloned()),
-        limits,
-        cuda_processes,
-        namespace: req.namespace.clone(),
-        memory_units: req.memory_units.clone(),
-    })
+    ContainerRequest::from_acquire_request(req).map_err(|e| ManagerError::InvalidRequest(e.to_string()))
 }

@@ -138,8 +138,8 @@ pub(super) fn rebuild_from_lease_files(config: &NodeConfig, state: &mut State) {
     for lease in leases {
         state
             .daemons
-            .entry(lease.key.dir_name())
-            .or_insert_with(|| daemon_from_pid_file(config, &lease.key));
+            .entry(lease.request.key.dir_name())
+            .or_insert_with(|| daemon_from_pid_file(config, &lease.request.key));
         state.leases.insert(lease.container_id.clone(), lease);
     }
     warn!(leases = count, daemons = state.daemons.len(), dir = %dir.display(), "leases rebuilt from their files; the containers still running keep theirs");
@@ -179,7 +179,7 @@ pub(super) async fn adopt(state: &mut State, control: &dyn MpsControl) -> Vec<We
     let leases = std::mem::take(&mut state.leases);
     for (id, lease) in leases {
         if lease.process.is_none() || lease.container_alive() {
-            info!(container = %id, daemon = %lease.key, "adopted lease");
+            info!(container = %id, daemon = %lease.request.key, "adopted lease");
             state.leases.insert(id, lease);
         } else {
             warn!(container = %id, "container of a lease is gone; lease dropped");

@@ -4,7 +4,7 @@
 
 use std::collections::HashMap;
 
-use gpu_mps_api::{ContainerId, DaemonKey, Limits};
+use gpu_mps_api::{ContainerId, ContainerRequest, DaemonKey};
 use tracing::{error, info, warn};
 
 use super::{LEASE_RELEASE_GRACE_S, ManagerCore, ReconcileMemory, SERVER_LOG};
@@ -168,12 +168,12 @@ impl ManagerCore {
                 continue;
             }
             memory.lease_gone_since.remove(&lease.container_id);
-            warn!(container = %lease.container_id, pod = %lease.pod, namespace = %lease.namespace, gone_for_s = now - since, "container process is gone and no release came (poststop hook missed?); lease dropped");
+            warn!(container = %lease.container_id, pod = %lease.request.identity.pod, namespace = %lease.request.identity.namespace, gone_for_s = now - since, "container process is gone and no release came (poststop hook missed?); lease dropped");
             books.state.leases.remove(&lease.container_id);
             if let Ok(id) = ContainerId::parse(&lease.container_id) {
                 to_close.push(id);
             }
-            books.mark_idle_if_unused(&lease.key);
+            books.mark_idle_if_unused(&lease.request.key);
             changed = true;
         }
         if changed {
@@ -215,7 +215,7 @@ impl ManagerCore {
     /// GPU) unless EXCLUSIVE_PROCESS is on. The leases that were on it are marked: their
     /// running CUDA processes lost their server.
     async fn restart_dead_daemons(&self, now: i64) {
-        let needed: Vec<(DaemonKey, Limits)> = {
+        let needed: Vec<(DaemonKey, ContainerRequest)> = {
             let mut books = self.books();
             let dead: Vec<(String, DaemonKey, u32)> = books
                 .state
@@ -237,7 +237,7 @@ impl ManagerCore {
                     .state
                     .leases
                     .values_mut()
-                    .filter(|l| &l.key == key && l.daemon_lost_unix.is_none())
+                    .filter(|l| &l.request.key == key && l.daemon_lost_unix.is_none())
                     .map(|l| {
                         l.daemon_lost_unix = Some(now);
                         l.owner()
@@ -254,22 +254,20 @@ impl ManagerCore {
             // Leases whose daemon has no record at all: its start failed after it died.
             let mut keys: Vec<DaemonKey> = dead.into_iter().map(|(_, key, _)| key).collect();
             for lease in books.state.leases.values() {
-                if !books.state.daemons.contains_key(&lease.key.dir_name()) && !keys.contains(&lease.key) {
-                    keys.push(lease.key.clone());
+                if !books.state.daemons.contains_key(&lease.request.key.dir_name())
+                    && !keys.contains(&lease.request.key)
+                {
+                    keys.push(lease.request.key.clone());
                 }
             }
             keys.into_iter()
                 .filter_map(|key| {
-                    let limits = books
-                        .state
-                        .leases_of(&key)
-                        .map(LeaseRecord::process_limits)
-                        .next()?;
-                    Some((key, limits))
+                    let request = books.state.leases_of(&key).map(|l| l.request.clone()).next()?;
+                    Some((key, request))
                 })
                 .collect()
         };
-        for (key, lease_limits) in needed {
+        for (key, request) in needed {
             let _turn = self.daemon_turns.take(&key).await;
             let still_dead = {
                 let books = self.books();
@@ -283,7 +281,7 @@ impl ManagerCore {
             if !still_dead {
                 continue;
             }
-            let limits = admission::server_limits(&self.policy, lease_limits);
+            let limits = admission::server_limits(&self.policy, &request);
             match self.ensure_daemon(&key, limits).await {
                 Ok(()) => {
                     let mut books = self.books();

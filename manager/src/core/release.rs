@@ -19,17 +19,17 @@ impl ManagerCore {
         }
         let mut books = self.books();
         if let Some(pending) = books.pending.remove(container_id) {
-            info!(container = %container_id, daemon = %pending.key, "lease released while it was being acquired");
+            info!(container = %container_id, daemon = %pending.request.key, "lease released while it was being acquired");
             return Ok(true);
         }
         let Some(lease) = books.state.leases.remove(container_id) else {
             return Ok(false);
         };
-        books.mark_idle_if_unused(&lease.key);
+        books.mark_idle_if_unused(&lease.request.key);
         // Released in the books whatever the disk says: the container is gone, and a lease
         // file left by a failed save is dropped by the next save that succeeds.
         self.save_or_log(&mut books, "after a release");
-        info!(container = %container_id, daemon = %lease.key, elapsed_us = started.elapsed().as_micros() as u64, "lease released");
+        info!(container = %container_id, daemon = %lease.request.key, elapsed_us = started.elapsed().as_micros() as u64, "lease released");
         Ok(true)
     }
 }

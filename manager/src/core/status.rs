@@ -28,7 +28,7 @@ impl ManagerCore {
                     .state
                     .leases
                     .values()
-                    .filter(|l| l.key.contains(&g.uuid))
+                    .filter(|l| l.request.key.contains(&g.uuid))
                     .collect();
                 let mut gpu = proto::Gpu::new();
                 gpu.index = g.index;
@@ -36,7 +36,10 @@ impl ManagerCore {
                 gpu.name = g.name.clone();
                 gpu.memory_bytes = g.memory_bytes;
                 gpu.leases = on_gpu.len() as u32;
-                gpu.memory_reserved_bytes = on_gpu.iter().map(|l| l.limits.effective_memory_bytes()).sum();
+                gpu.memory_reserved_bytes = on_gpu
+                    .iter()
+                    .map(|l| l.request.limits.effective_memory_bytes())
+                    .sum();
                 gpu.memory_capacity_bytes =
                     admission::memory_capacity(g.memory_bytes, self.config.limits.overcommit);
                 gpu.max_clients = self.config.limits.max_clients_per_gpu;
@@ -96,7 +99,7 @@ impl LevelSource for ManagerCore {
                     .state
                     .leases
                     .values()
-                    .filter(|l| l.key.contains(&g.uuid))
+                    .filter(|l| l.request.key.contains(&g.uuid))
                     .collect();
                 levels.gpus.push(GpuLevels {
                     uuid: g.uuid.clone(),
@@ -107,12 +110,15 @@ impl LevelSource for ManagerCore {
                         g.memory_bytes,
                         self.config.limits.overcommit,
                     ),
-                    memory_allocated_bytes: on_gpu.iter().map(|l| l.limits.effective_memory_bytes()).sum(),
+                    memory_allocated_bytes: on_gpu
+                        .iter()
+                        .map(|l| l.request.limits.effective_memory_bytes())
+                        .sum(),
                     threads_allocated_percent: on_gpu
                         .iter()
-                        .map(|l| u64::from(l.limits.thread_percentage))
+                        .map(|l| u64::from(l.request.limits.thread_percentage))
                         .sum(),
-                    clients_allocated: on_gpu.iter().map(|l| u64::from(l.cuda_processes)).sum(),
+                    clients_allocated: on_gpu.iter().map(|l| u64::from(l.request.cuda_processes)).sum(),
                     clients_capacity: u64::from(self.config.limits.max_clients_per_gpu),
                     leases: on_gpu.len() as u64,
                     unhealthy: !unhealthy_reason(&books, &g.uuid, now).is_empty(),
@@ -135,7 +141,7 @@ impl LevelSource for ManagerCore {
                 .state
                 .leases
                 .values()
-                .map(|l| (l.container_id.clone(), l.key.to_string()))
+                .map(|l| (l.container_id.clone(), l.request.key.to_string()))
                 .collect()
         };
         for (container, daemon) in leases {
@@ -201,18 +207,19 @@ fn unhealthy_reason(books: &Books, gpu: &str, now: i64) -> String {
 pub(super) fn lease_proto(l: &LeaseRecord) -> proto::Lease {
     let mut lease = proto::Lease::new();
     lease.container_id = l.container_id.clone();
-    lease.daemon = l.key.dir_name();
-    lease.gpu_uuids = l.key.gpu_uuids().to_vec();
-    lease.memory_limit_bytes = l.limits.memory_bytes;
-    lease.active_thread_percentage = u32::from(l.limits.thread_percentage);
-    lease.namespace = l.namespace.clone();
-    lease.pod = l.pod.clone();
-    lease.container_name = l.container_name.clone();
+    lease.daemon = l.request.key.dir_name();
+    lease.gpu_uuids = l.request.key.gpu_uuids().to_vec();
+    lease.memory_limit_bytes = l.request.limits.memory_bytes;
+    lease.active_thread_percentage = u32::from(l.request.limits.thread_percentage);
+    lease.namespace = l.request.identity.namespace.clone();
+    lease.pod = l.request.identity.pod.clone();
+    lease.container_name = l.request.identity.container_name.clone();
     lease.pid = l.process.map(|p| p.pid).unwrap_or(0);
     lease.acquired_unix = l.acquired_unix;
-    lease.cuda_processes = l.cuda_processes;
-    lease.memory_units = l.memory_units.clone();
+    lease.cuda_processes = l.request.cuda_processes;
+    lease.memory_units = l.request.memory_units.clone();
     lease.daemon_lost_unix = l.daemon_lost_unix.unwrap_or(0);
+    lease.client_priority = l.request.priority.mps_value();
     lease
 }
 

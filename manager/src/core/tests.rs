@@ -364,6 +364,29 @@ async fn acquire_is_idempotent_per_container() {
 }
 
 #[tokio::test]
+async fn a_below_normal_container_keeps_its_priority_in_the_lease_and_status() {
+    let e = env(LimitPolicy::Exact, Tenancy::Shared);
+    let m = core(&e).await;
+    let mut below = request("c1", "GPU-0", 4, 25, "ns");
+    below.client_priority = 1;
+    let lease = m.acquire(below.clone()).await.unwrap().lease.unwrap();
+    assert_eq!(lease.client_priority, 1);
+    assert_eq!(m.status().await.leases[0].client_priority, 1);
+    // A retried hook must ask for the same lease: the same container at normal is refused.
+    m.acquire(below).await.unwrap();
+    let err = m.acquire(request("c1", "GPU-0", 4, 25, "ns")).await.unwrap_err();
+    assert_eq!(err.code(), ttrpc::Code::INVALID_ARGUMENT);
+    let mut unknown = request("c2", "GPU-0", 4, 25, "ns");
+    unknown.client_priority = 2;
+    let err = m.acquire(unknown).await.unwrap_err();
+    assert!(
+        err.to_string().contains("client_priority 2 is out of range"),
+        "{err}"
+    );
+    assert_eq!(m.status().await.leases.len(), 1);
+}
+
+#[tokio::test]
 async fn uniform_refuses_another_class_until_the_gpu_is_free_then_resets_limits() {
     let e = env(LimitPolicy::Uniform, Tenancy::Shared);
     let m = core(&e).await;
