@@ -31,7 +31,7 @@ held() {
 # pod <name> <mem> <pct> <ok-mib> <over-mib>: one mps-check in a gpu-mps pod
 pod() { run_ctr "$1" gpu-mps "$2" "$3" -- "$CHECK" --alloc-mib "$4" --alloc-mib "$5" --tag "$1"; }
 control_pid() { jget "$(status_json)" "d['daemons'][0]['control_pid'] if d['daemons'] else 0"; }
-server_pid() { pgrep -f nvidia-cuda-mps-server | head -n1; }
+server_pid() { pgrep -f "$MPS_SERVER_COMMAND" | head -n1; }
 now_ms() { date +%s%3N; }
 
 write_config exact

@@ -218,7 +218,7 @@ check H4.restarts "20 restarts (10 TERM, 10 KILL) during $total CUDA process sta
 # and no MPS server may run without its daemon.
 stuck=$(cat "$D"/manager-h4*.log | grep -c 'runs but does not answer\|the MPS server takes no new client')
 run_ctr h4-after gpu-mps 4Gi 25 -- "$CHECK" --alloc-mib 3300 --alloc-mib 4700 --tag after
-servers=$(for p in $(pgrep -f nvidia-cuda-mps-server); do tr '\0' '\n' <"/proc/$p/environ" 2>/dev/null | grep -qx "CUDA_MPS_PIPE_DIRECTORY=$(pipe_of)" && echo "$p:ppid=$(awk '{print $4}' "/proc/$p/stat")"; done | tr '\n' ' ')
+servers=$(for p in $(pgrep -f "$MPS_SERVER_COMMAND"); do tr '\0' '\n' <"/proc/$p/environ" 2>/dev/null | grep -qx "CUDA_MPS_PIPE_DIRECTORY=$(pipe_of)" && echo "$p:ppid=$(awk '{print $4}' "/proc/$p/stat")"; done | tr '\n' ' ')
 orphans=$(for e in $servers; do pp=${e#*ppid=}; [ "$(tr '\0' ' ' <"/proc/$pp/cmdline" 2>/dev/null | cut -d' ' -f1 | xargs -r basename)" = nvidia-cuda-mps-control ] || echo "$e"; done | grep -c .)
 check H4.after "after the 20 restarts a new pod is served and held to 4Gi/25 %, and no MPS server runs without its daemon" \
     "new pod: $(f "$(last_json "$D/h4-after.out")"); servers of the pipe dir: ${servers:-none}; without a daemon: $orphans; stuck daemons replaced during the restarts: $stuck" \

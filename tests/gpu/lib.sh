@@ -13,6 +13,11 @@ RESULTS=$OUT/results.tsv
 source scripts/ctr-node.sh
 
 log() { echo "[$(date +%H:%M:%S)] $*"; }
+# An MPS server's command line, anchored at its start: a bare `pgrep -f nvidia-cuda-mps-server`
+# also matches any shell whose command line names it (the device machine's own command did, and
+# F7 then killed that shell instead of the server).
+MPS_SERVER_COMMAND='^([^ ]*/)?nvidia-cuda-mps-server( |$)'
+
 # row <id> <PASS|FAIL|INFO> <what> <measured>
 row() { printf '%s\t%s\t%s\t%s\n' "$1" "$2" "$3" "$4" | tee -a "$RESULTS"; }
 check() { # check <id> <what> <measured> <condition: one shell expression, e.g. '[ "$X" = 1 ] && [ "$Y" = 2 ]'>
@@ -94,7 +99,7 @@ status_json() { GPU_MPS_CONFIG=$CFG gpu-mps status --json; }
 
 wait_no_daemon() { # the MPS daemon gone (idle stop), so time-slicing runs without MPS
     for _ in $(seq 40); do
-        [ "$(jget "$(status_json)" "len(d['daemons'])")" = 0 ] && ! pgrep -f nvidia-cuda-mps-server >/dev/null && return 0
+        [ "$(jget "$(status_json)" "len(d['daemons'])")" = 0 ] && ! pgrep -f "$MPS_SERVER_COMMAND" >/dev/null && return 0
         sleep 0.25
     done
     log "warning: an MPS daemon is still running"

@@ -12,10 +12,12 @@ exec > >(tee "$OUT/orphan-probe.log") 2>&1
 W=/tmp/gpu-mps-orphan
 rm -rf "$W" && mkdir -p "$W/pipe" "$W/log"
 export CUDA_MPS_PIPE_DIRECTORY=$W/pipe CUDA_MPS_LOG_DIRECTORY=$W/log
+# Anchored at the start of the command line: see lib.sh.
+MPS_SERVER_COMMAND='^([^ ]*/)?nvidia-cuda-mps-server( |$)'
 ctl() { echo "$1" | timeout 5 nvidia-cuda-mps-control; echo "rc=$?"; }
 cleanup() {
     ctl quit >/dev/null 2>&1
-    for p in $(pgrep -f nvidia-cuda-mps-server); do grep -qz "CUDA_MPS_PIPE_DIRECTORY=$W/pipe" "/proc/$p/environ" 2>/dev/null && kill -9 "$p"; done
+    for p in $(pgrep -f "$MPS_SERVER_COMMAND"); do grep -qz "CUDA_MPS_PIPE_DIRECTORY=$W/pipe" "/proc/$p/environ" 2>/dev/null && kill -9 "$p"; done
     pkill -9 -f "$W/mps-check" 2>/dev/null
     pgrep -a nvidia-cuda-mps || echo "no MPS process left"
 }
