@@ -16,7 +16,7 @@ use std::path::{Path, PathBuf};
 use gpu_mps_api::{CONTAINER_PIPE_DIR, ContainerId};
 use thiserror::Error;
 
-use crate::mountinfo::{self, Mount};
+use gpu_mps_mountinfo::{self as mountinfo, Mount};
 
 #[derive(Debug, Error)]
 pub enum GateMountError {

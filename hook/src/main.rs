@@ -12,7 +12,6 @@
 //! timeout, not two.
 
 mod gate_mount;
-mod mountinfo;
 
 use std::io::Read;
 use std::path::{Path, PathBuf};

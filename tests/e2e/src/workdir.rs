@@ -79,7 +79,7 @@ pub fn unmount_below(dir: &Path) {
 /// Mount points of this mount namespace.
 fn mount_points() -> Vec<PathBuf> {
     let text = std::fs::read_to_string("/proc/self/mountinfo").unwrap_or_default();
-    mountinfo::parse(&text)
+    mountinfo::parse_readable(&text)
         .into_iter()
         .map(|m| PathBuf::from(m.mount_point))
         .collect()

@@ -17,7 +17,8 @@ use gpu_mps_e2e::{CtrRun, GpuNode, LimitsConfig, Suite, per_suite, processes};
 per_suite!(
     gpu_container_sees_its_daemon,
     container_cannot_override_the_shim,
-    non_gpu_container_is_untouched
+    non_gpu_container_is_untouched,
+    a_network_namespace_bound_on_the_host_does_not_stop_a_gpu_container
 );
 
 /// A container of GPU `gpu` with limits 4Gi / 25 %, through gpu-mps-shim.
@@ -327,6 +328,56 @@ async fn non_gpu_container_is_untouched(suite: Suite) -> Result<()> {
     ensure!(
         status.leases.is_empty() && status.daemons.is_empty(),
         "a non-GPU container got a lease: {status:?}"
+    );
+    Ok(())
+}
+
+/// A network namespace bound to a file on the host, unmounted (lazily) when dropped.
+struct BoundNetns(std::path::PathBuf);
+
+impl Drop for BoundNetns {
+    fn drop(&mut self) {
+        let _ = std::process::Command::new("umount")
+            .arg("-l")
+            .arg(&self.0)
+            .status();
+    }
+}
+
+/// Every Kubernetes node with CNI pods has their network namespaces bound under /run/netns: an
+/// nsfs mount whose root in mountinfo is `net:[<inode>]`, not a path. The hook reads the host's
+/// mountinfo for its gate check; a line it cannot read refuses the container, so such a line
+/// must read.
+async fn a_network_namespace_bound_on_the_host_does_not_stop_a_gpu_container(suite: Suite) -> Result<()> {
+    let node = GpuNode::start(&suite, LimitsConfig::uniform()).await?;
+    let file = node.containerd.dir().join("netns-cni-test");
+    std::fs::write(&file, "")?;
+    let status = std::process::Command::new("unshare")
+        .arg(format!("--net={}", file.display()))
+        .arg("true")
+        .status()
+        .context("running unshare")?;
+    ensure!(
+        status.success(),
+        "unshare --net={} failed: {status}",
+        file.display()
+    );
+    let _bound = BoundNetns(file.clone());
+    let mountinfo = std::fs::read_to_string("/proc/self/mountinfo")?;
+    ensure!(
+        mountinfo
+            .lines()
+            .any(|l| l.contains(" nsfs ") && l.contains(&file.display().to_string())),
+        "no nsfs mount of {} in the host's mountinfo",
+        file.display()
+    );
+    let rootfs = node.rootfs()?;
+    let run = gpu_run(&node, &rootfs, node.gpu_uuid(0), &["report"]);
+    let report = report_of(&node, &run).await?;
+    ensure!(
+        report.mps_pipe_dir.control_exists,
+        "the GPU container has no control socket: {:?}",
+        report.mps_pipe_dir
     );
     Ok(())
 }

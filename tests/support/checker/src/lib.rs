@@ -6,7 +6,8 @@
 //! key may be, so a checker built from other sources than the tests fails to parse instead of
 //! passing a negative assertion (`!mps_pipe_dir.exists`) by accident.
 
-pub mod mountinfo;
+/// The one mountinfo parser (crate gpu-mps-mountinfo), as the checker and the e2e harness name it.
+pub use gpu_mps_mountinfo as mountinfo;
 pub mod mps_framing;
 
 use std::collections::BTreeMap;

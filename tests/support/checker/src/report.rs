@@ -26,7 +26,7 @@ const NAMESPACES: [&str; 6] = ["ipc", "pid", "mnt", "net", "uts", "user"];
 
 pub fn report() -> Report {
     let mounts = fs::read_to_string("/proc/self/mountinfo")
-        .map(|t| mountinfo::parse(&t))
+        .map(|t| mountinfo::parse_readable(&t))
         .unwrap_or_default();
     Report {
         pid: getpid().as_raw(),

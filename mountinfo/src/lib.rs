@@ -1,13 +1,17 @@
 //! A process's /proc/<pid>/mountinfo (proc(5)), parsed, and which mount serves a path in it.
-//! Pure: the caller reads the files.
+//! Pure: the caller reads the files. One parser for gpu-mps-hook (the gate check, which refuses
+//! a line it cannot read), the in-container checker and the e2e harness (which skip one).
 //!
 //! Which mount serves a path is found the way the kernel's path walk finds it, from the mount
 //! tree (`mount_id`/`parent_id`), not from the longest mount point alone: a mount made over a
 //! directory above the path (say over `/tmp`) hides every mount below it that was made before,
 //! although those are still listed with their mount points.
 
-/// One mountinfo line, the fields the gate check reads.
-#[derive(Debug, Clone, PartialEq, Eq)]
+use serde::{Deserialize, Serialize};
+
+/// One mountinfo line. Serialized in the checker's report, read back by the e2e tests.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
 pub struct Mount {
     pub mount_id: u64,
     pub parent_id: u64,
@@ -18,8 +22,30 @@ pub struct Mount {
     pub root: String,
     /// Where it is mounted, as the process whose mountinfo this is names it.
     pub mount_point: String,
+    /// Per-mount options (`ro,nosuid,nodev,noexec,relatime`).
+    pub options: String,
     pub fstype: String,
     pub source: String,
+    /// Superblock options (`rw,size=65536k,...`).
+    pub super_options: String,
+}
+
+impl Mount {
+    pub fn has_option(&self, option: &str) -> bool {
+        self.options.split(',').any(|o| o == option)
+    }
+
+    /// Whether this bind mount's source is `host_path`, a directory as the host names it.
+    /// `root` is the source's path inside its filesystem: a tail of `host_path` where the
+    /// filesystem is mounted below the host's / (a tmpfs at /tmp), and `host_path` with a head
+    /// where the host's / is itself a directory of the filesystem (a root made the / of a mount
+    /// namespace, as tests/fresh-root.sh does). Both are absolute, so a tail starts at a `/`:
+    /// whole path components.
+    pub fn is_bind_of(&self, host_path: &str) -> bool {
+        let (root, host) = (self.root.trim_end_matches('/'), host_path.trim_end_matches('/'));
+        let tail_of = |long: &str, short: &str| short.starts_with('/') && long.ends_with(short);
+        tail_of(host, root) || tail_of(root, host)
+    }
 }
 
 #[derive(Debug, PartialEq, Eq, thiserror::Error)]
@@ -46,34 +72,44 @@ pub fn parse(text: &str) -> Result<Vec<Mount>, ParseError> {
         .collect()
 }
 
+/// Parses the lines it can read and leaves out the others: for a report of what a process sees,
+/// where one odd line must not hide the rest.
+pub fn parse_readable(text: &str) -> Vec<Mount> {
+    text.lines().filter_map(parse_line).collect()
+}
+
 /// `36 35 98:0 /mnt1 /mnt2 rw,noatime master:1 - ext3 /dev/root rw,errors=continue`: the
 /// optional tags run up to a lone `-`.
-fn parse_line(line: &str) -> Option<Mount> {
+pub fn parse_line(line: &str) -> Option<Mount> {
     let mut fields = line.split(' ');
     let mount_id = fields.next()?.parse().ok()?;
     let parent_id = fields.next()?.parse().ok()?;
     let major_minor = fields.next().filter(|f| f.contains(':'))?.to_string();
     let root = unescape(fields.next()?);
     let mount_point = unescape(fields.next()?);
-    let _options = fields.next()?;
+    let options = fields.next()?.to_string();
     fields.by_ref().find(|f| *f == "-")?;
     let fstype = unescape(fields.next()?);
     let source = unescape(fields.next()?);
-    let _super_options = fields.next()?;
-    (root.starts_with('/') && mount_point.starts_with('/')).then_some(Mount {
+    let super_options = fields.next()?.to_string();
+    // A root need not be a path: a bind of a namespace file (nsfs, which every CNI pod's network
+    // namespace is under /run/netns) shows `net:[4026532174]`. A mount point always is.
+    (!root.is_empty() && mount_point.starts_with('/')).then_some(Mount {
         mount_id,
         parent_id,
         major_minor,
         root,
         mount_point,
+        options,
         fstype,
         source,
+        super_options,
     })
 }
 
 /// The kernel writes a space, tab, newline and backslash in a path as `\040`, `\011`, `\012`
 /// and `\134`; any three octal digits after a backslash are read back the same way.
-fn unescape(field: &str) -> String {
+pub fn unescape(field: &str) -> String {
     let bytes = field.as_bytes();
     let mut out = Vec::with_capacity(bytes.len());
     let mut i = 0;
@@ -141,6 +177,25 @@ pub fn bind_identity(host: &[Mount], dir: &str) -> Option<(String, String)> {
     Some((holder.major_minor.clone(), root))
 }
 
+/// The mount whose mount point is the deepest at or above `path` (absolute, symlinks resolved),
+/// the last one listed when several are stacked on the same point. Unlike [`serving`] it does not
+/// walk the tree: a mount hidden by a later one over a directory above it can still be named.
+/// The checker reports it as the mount a path is on.
+pub fn containing<'a>(mounts: &'a [Mount], path: &str) -> Option<&'a Mount> {
+    let mut best: Option<&Mount> = None;
+    for m in mounts {
+        let covers = m.mount_point == "/"
+            || path == m.mount_point
+            || path
+                .strip_prefix(m.mount_point.as_str())
+                .is_some_and(|rest| rest.starts_with('/'));
+        if covers && best.is_none_or(|b| m.mount_point.len() >= b.mount_point.len()) {
+            best = Some(m);
+        }
+    }
+    best
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -166,6 +221,28 @@ mod tests {
         let err = parse("22 1 0:21 / / rw\n23 22 0:22 / /proc rw - proc\n").unwrap_err();
         assert_eq!(err.number, 1, "{err}");
         assert!(parse("x 1 0:21 / / rw - a b c").is_err());
+    }
+
+    #[test]
+    fn a_namespace_file_bind_parses_and_serves_only_its_own_path() {
+        // What `ip netns add` and every CNI pod sandbox leave in the host's mountinfo.
+        let host = parse(
+            "1 0 254:0 / / rw - ext4 /dev/vda rw\n\
+             30 1 0:30 / /run rw - tmpfs tmpfs rw\n\
+             45 30 0:4 net:[4026532174] /run/netns/cni-1 rw - nsfs nsfs rw\n",
+        )
+        .unwrap();
+        assert_eq!(host[2].root, "net:[4026532174]");
+        assert_eq!(ids(&host, "/run/netns/cni-1"), Some(45));
+        assert_eq!(ids(&host, "/run/gpu-mps/gates/49c1"), Some(30));
+        assert_eq!(
+            bind_identity(&host, "/run/gpu-mps/gates/49c1"),
+            Some(("0:30".into(), "/gpu-mps/gates/49c1".into()))
+        );
+        assert!(
+            parse("45 30 0:4 net:[1] relative rw - nsfs nsfs rw").is_err(),
+            "a mount point is a path"
+        );
     }
 
     #[test]
@@ -250,5 +327,86 @@ mod tests {
             bind_identity(&chroot, "/tmp/g"),
             Some(("254:0".into(), "/srv/root/tmp/g".into()))
         );
+    }
+}
+
+#[cfg(test)]
+mod report_tests {
+    use super::*;
+
+    const SAMPLE: &str = "\
+22 1 0:21 / / rw,relatime - overlay overlay rw,lowerdir=/l,upperdir=/u,workdir=/w
+23 22 0:22 / /proc rw,nosuid,nodev,noexec,relatime - proc proc rw
+24 22 0:23 / /dev rw,nosuid - tmpfs tmpfs rw,size=65536k,mode=755
+25 24 0:24 / /dev/shm rw,nosuid,nodev,noexec,relatime - tmpfs shm rw,size=65536k
+26 22 253:1 /run/gpu-mps/daemons/GPU-1/pipe /tmp/nvidia-mps ro,nosuid,nodev,noexec,relatime master:7 - ext4 /dev/vda1 rw
+27 22 0:25 / /with\\040space rw shared:3 master:4 - tmpfs my\\040src rw
+28 24 0:26 / /dev/shm rw,relatime - tmpfs shm2 rw
+";
+
+    #[test]
+    fn parses_fields_with_optional_tags_and_escapes() {
+        let mounts = parse_readable(SAMPLE);
+        assert_eq!(mounts.len(), 7);
+        let pipe = &mounts[4];
+        assert_eq!(pipe.mount_id, 26);
+        assert_eq!(pipe.parent_id, 22);
+        assert_eq!(pipe.major_minor, "253:1");
+        assert_eq!(pipe.root, "/run/gpu-mps/daemons/GPU-1/pipe");
+        assert_eq!(pipe.mount_point, "/tmp/nvidia-mps");
+        assert_eq!(pipe.options, "ro,nosuid,nodev,noexec,relatime");
+        assert_eq!(pipe.fstype, "ext4");
+        assert_eq!(pipe.source, "/dev/vda1");
+        assert_eq!(pipe.super_options, "rw");
+        assert_eq!(mounts[5].mount_point, "/with space");
+        assert_eq!(mounts[5].source, "my src");
+        assert_eq!(parse_line("garbage"), None);
+        assert!(pipe.has_option("ro") && !pipe.has_option("r"));
+    }
+
+    #[test]
+    fn unescapes_only_octal_triples() {
+        assert_eq!(unescape(r"/tmp/a\040b\011c"), "/tmp/a b\tc");
+        assert_eq!(unescape(r"/plain"), "/plain");
+        assert_eq!(unescape(r"/a\9b\04"), r"/a\9b\04");
+    }
+
+    #[test]
+    fn finds_the_visible_mount_of_a_path() {
+        let mounts = parse_readable(SAMPLE);
+        assert_eq!(containing(&mounts, "/dev/shm").map(|m| m.mount_id), Some(28));
+        assert_eq!(containing(&mounts, "/dev/shm/x").map(|m| m.mount_id), Some(28));
+        assert_eq!(containing(&mounts, "/dev/shmx").map(|m| m.mount_id), Some(24));
+        assert_eq!(
+            containing(&mounts, "/tmp/nvidia-mps/control").map(|m| m.mount_id),
+            Some(26)
+        );
+        assert_eq!(containing(&mounts, "/tmp").map(|m| m.mount_id), Some(22));
+    }
+
+    #[test]
+    fn a_bind_source_is_matched_by_whole_path_components() {
+        let bind = |root: &str| Mount {
+            mount_id: 1,
+            parent_id: 0,
+            major_minor: "254:0".into(),
+            root: root.into(),
+            mount_point: "/tmp/nvidia-mps".into(),
+            options: "ro".into(),
+            fstype: "ext4".into(),
+            source: "/dev/vda".into(),
+            super_options: "rw".into(),
+        };
+        let gate = "/tmp/gme2e-mps.x/r/gates/49c1";
+        assert!(bind(gate).is_bind_of(gate));
+        // A tmpfs at /tmp: the root within it.
+        assert!(bind("/gme2e-mps.x/r/gates/49c1").is_bind_of(gate));
+        // The host's / is a directory of the filesystem.
+        assert!(bind("/tmp/fresh.y/root/tmp/gme2e-mps.x/r/gates/49c1").is_bind_of(gate));
+        // Another directory, or a name that only ends the same.
+        assert!(!bind("/tmp/gme2e-mps.x/r/daemons/GPU-0/pipe").is_bind_of(gate));
+        assert!(!bind("/tmp/gme2e-mps.x/r/gates/149c1").is_bind_of(gate));
+        assert!(!bind("/tmp/gme2e-mps.x/r/gates/49c1").is_bind_of("/other/r/gates/x49c1"));
+        assert!(!bind("").is_bind_of(gate));
     }
 }
