@@ -1,11 +1,7 @@
 #!/usr/bin/env bash
-# Builds the release binaries into target/dist/, the one place packaging takes them from:
-#   gpu-mps-shim, gpu-mps-hook   static-pie: they are exec'd on every container start (the shim
-#                                on every runc call), and skipping the dynamic loader saves about
-#                                0.5 ms per exec (docs/benchmarks.md)
-#   gpu-mps-manager, gpu-mps     dynamic: the manager dlopens the driver's libnvidia-ml.so.1,
-#                                which a static glibc binary cannot do reliably
-#   gpu-mps-device-plugin        dynamic: a long-running kubelet plugin, nothing to gain
+# Builds the binaries of packaging/binaries.txt into target/dist/, the one place packaging takes
+# them from: that file names each one, its cargo package and how it is linked (static: shim and
+# hook, exec'd on every container start; dynamic: the rest), and why.
 #
 #   scripts/build-release.sh                 # this machine's architecture -> target/dist/
 #   scripts/build-release.sh --arch arm64    # arm64 (GH200, Grace) from x86_64 -> target/dist-arm64/
@@ -26,6 +22,24 @@ while [ $# -gt 0 ]; do
     esac
 done
 
+# packaging/binaries.txt: `name package static|dynamic what it is`, # comments and blank lines.
+list=packaging/binaries.txt
+entries=$(awk '{ sub(/#.*/, "") } !NF { next }
+    NF < 3 || ($3 != "static" && $3 != "dynamic") {
+        printf "build-release: %s:%d: expected `name package static|dynamic what it is`, got: %s\n", FILENAME, FNR, $0 >"/dev/stderr"
+        bad = 1; next
+    }
+    { print $1, $2, $3 } END { exit bad }' "$list")
+static_packages=() dynamic_packages=()
+while read -r _ package link; do
+    if [ "$link" = static ]; then static_packages+=(-p "$package"); else dynamic_packages+=(-p "$package"); fi
+done <<<"$entries"
+# (cargo build with no -p would build the whole workspace)
+if [ ${#static_packages[@]} -eq 0 ] || [ ${#dynamic_packages[@]} -eq 0 ]; then
+    echo "build-release: $list names no static or no dynamic binary (this script builds both kinds)" >&2
+    exit 1
+fi
+
 # On a fresh Debian 12 machine: the packages and the Rust toolchain a build needs (quick when all
 # are there already).
 bash scripts/setup-debian.sh >&2
@@ -38,7 +52,7 @@ case $arch in
         target=$host
         dist=target/dist
         # The dynamic ones without --target: target/release, as `cargo build --release` gives.
-        cargo build --release --locked -p gpu-mps-manager -p gpu-mps-cli -p gpu-mps-device-plugin
+        cargo build --release --locked "${dynamic_packages[@]}"
         dynamic_dir=target/release
         static_dir=target/$target/release
         static_args=()
@@ -56,7 +70,7 @@ case $arch in
                 gcc-aarch64-linux-gnu libc6-dev-arm64-cross
         fi
         rustup target list --installed 2>/dev/null | grep -qx "$target" || rustup target add "$target"
-        cargo build --release --locked --target "$target" -p gpu-mps-manager -p gpu-mps-cli -p gpu-mps-device-plugin
+        cargo build --release --locked --target "$target" "${dynamic_packages[@]}"
         dynamic_dir=target/$target/release
         # The static ones in a target dir of their own: same --target, other RUSTFLAGS, and sharing
         # one dir would rebuild every dependency at each switch.
@@ -69,8 +83,13 @@ case $arch in
         ;;
 esac
 RUSTFLAGS='-C target-feature=+crt-static' cargo build --release --locked --target "$target" \
-    "${static_args[@]}" -p gpu-mps-shim -p gpu-mps-hook
+    "${static_args[@]}" "${static_packages[@]}"
+# Made anew with the listed binaries only: the image copies the directory whole.
+rm -rf "$dist"
 mkdir -p "$dist"
-cp "$dynamic_dir/gpu-mps-manager" "$dynamic_dir/gpu-mps" "$dynamic_dir/gpu-mps-device-plugin" "$dist/"
-cp "$static_dir/gpu-mps-shim" "$static_dir/gpu-mps-hook" "$dist/"
+while read -r name package link; do
+    if [ "$link" = static ]; then from=$static_dir; else from=$dynamic_dir; fi
+    cp "$from/$name" "$dist/" ||
+        { echo "build-release: $list names $name, which cargo package $package did not build" >&2; exit 1; }
+done <<<"$entries"
 ls -la "$dist"

@@ -24,6 +24,8 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 die() { echo "deb.sh: FAIL: $*" >&2; exit 1; }
 say() { echo "deb.sh: $*"; }
+# The binaries the package must ship, sorted: packaging/binaries.txt's first column.
+listed_binaries() { awk '{ sub(/#.*/, "") } NF { print $1 }' packaging/binaries.txt | LC_ALL=C sort; }
 
 # Phase 2-4 run here, in a private mount namespace (re-executed by phase 1): every mount is gone
 # when it ends, whatever happens.
@@ -75,7 +77,7 @@ if [ "${1:-}" = "--in-namespace" ]; then
     done
     auto=$(in_root apt-mark showauto | tr '\n' ' ')
     case " $auto " in *" containerd "*) ;; *) die "containerd is not marked as installed automatically: $auto" ;; esac
-    for b in gpu-mps gpu-mps-shim gpu-mps-hook gpu-mps-manager; do
+    for b in $(listed_binaries); do
         [ -x "$R/usr/bin/$b" ] || die "/usr/bin/$b is not installed"
     done
     [ -z "$(ls -A "$R/usr/local/bin")" ] || die "the package wrote into /usr/local/bin: $(ls "$R/usr/local/bin")"
@@ -178,7 +180,7 @@ if [ "${1:-}" = "--in-namespace" ]; then
     sed -n '/^gpu-mps: /p; /^Removing /p' "$F/remove.log"
     # Removed: the binaries, the registration, /run/gpu-mps (no MPS daemon runs from it).
     # Kept until the purge: the node config and the backups of containerd's config.
-    for b in gpu-mps gpu-mps-shim gpu-mps-hook gpu-mps-manager; do
+    for b in $(listed_binaries); do
         [ ! -e "$R/usr/bin/$b" ] || die "apt-get remove left /usr/bin/$b"
     done
     [ ! -e "$R/run/gpu-mps" ] || die "apt-get remove left /run/gpu-mps: $(ls -A "$R/run/gpu-mps")"
@@ -259,12 +261,21 @@ deb=$(bash packaging/deb/build.sh)
 [ "$(dpkg-deb -f "$deb" Depends)" = "$from_readelf" ] ||
     die "Depends from readelf ($from_readelf) differ from dpkg-shlibdeps' ($(dpkg-deb -f "$deb" Depends))"
 say "built $deb: $(dpkg-deb -f "$deb" Version Architecture Depends | tr '\n' ' ')"
+# A package's /usr/bin holds exactly the binaries of packaging/binaries.txt.
+ships_listed_binaries() {
+    local shipped
+    shipped=$(dpkg-deb -c "$1" | awk '$6 ~ /^\.\/usr\/bin\/./ { sub(/^\.\/usr\/bin\//, "", $6); print $6 }' | LC_ALL=C sort)
+    [ "$shipped" = "$(listed_binaries)" ] ||
+        die "$1 ships /usr/bin: $(echo "$shipped" | paste -sd ' '); packaging/binaries.txt lists: $(listed_binaries | paste -sd ' ')"
+}
+ships_listed_binaries "$deb"
+say "/usr/bin: $(listed_binaries | paste -sd ' ') (packaging/binaries.txt)"
 lintian --allow-root --display-info --pedantic --fail-on error,warning "$deb" ||
     die "lintian flags $deb (justify a tag in packaging/deb/lintian-overrides, or fix it)"
 say "lintian: clean (overrides: $(grep -c '^gpu-mps:' packaging/deb/lintian-overrides), each with its reason)"
 arm=$(bash packaging/deb/build.sh --arch arm64 --stub-binaries 2>/dev/null)
 [ "$(dpkg-deb -f "$arm" Architecture)" = arm64 ] || die "$arm is not Architecture: arm64"
-dpkg-deb -c "$arm" | grep -c ' \./usr/bin/gpu-mps-shim$' >/dev/null || die "$arm has no /usr/bin/gpu-mps-shim"
+ships_listed_binaries "$arm"
 rm -f "$arm"
 say "arm64 layout ($(basename "$arm"), stub binaries): ok"
 

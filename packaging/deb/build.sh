@@ -5,9 +5,10 @@
 #   packaging/deb/build.sh --arch arm64      # from target/dist-arm64/ (the arm64 cross build)
 #
 # Output: target/debian/gpu-mps_<version>_<arch>.deb (version from [workspace.package] in Cargo.toml).
-# Binaries are taken from $GPU_MPS_BIN_DIR, else ${CARGO_TARGET_DIR:-target}/dist for this machine's
-# architecture and .../dist-<arch> for another one. Layout (Debian policy, FHS): /usr/bin,
-# /usr/lib/systemd/system, /usr/lib/tmpfiles.d, /usr/share/doc/gpu-mps, /etc/gpu-mps/config.toml.
+# The binaries of packaging/binaries.txt are taken from $GPU_MPS_BIN_DIR, else
+# ${CARGO_TARGET_DIR:-target}/dist here, .../dist-<arch> for another architecture.
+# Layout (Debian policy, FHS): /usr/bin, /usr/lib/systemd/system, /usr/lib/tmpfiles.d,
+# /usr/share/doc/gpu-mps, /etc/gpu-mps/config.toml.
 #
 #   packaging/deb/build.sh --stub-binaries
 #
@@ -29,7 +30,7 @@ while [ $# -gt 0 ]; do
     --stub-binaries) stubs=yes ;;
     --arch) [ $# -ge 2 ] || die "--arch needs a Debian architecture: amd64 or arm64"; arch=$2; shift ;;
     --arch=*) arch=${1#--arch=} ;;
-    -h | --help) sed -n '2,18p' "$0"; exit 0 ;;
+    -h | --help) awk 'NR > 1 && /^#/ { sub(/^# ?/, ""); print; next } NR > 1 { exit }' "$0"; exit 0 ;;
     *) die "unknown argument: $1 (see --help)" ;;
     esac
     shift
@@ -60,7 +61,10 @@ if [ "$arch" = "$native" ]; then
 else
     bin_dir=${GPU_MPS_BIN_DIR:-$target_dir/dist-$arch}
 fi
-binaries=(gpu-mps-shim gpu-mps-hook gpu-mps-manager gpu-mps)
+# Every binary of packaging/binaries.txt, into /usr/bin. The device plugin too, with no unit: it is
+# started by whoever runs kubelet (packaging/README.md).
+mapfile -t binaries < <(awk '{ sub(/#.*/, "") } NF { print $1 }' "$packaging/binaries.txt")
+[ ${#binaries[@]} -gt 0 ] || die "no binaries in $packaging/binaries.txt"
 
 stage=$(mktemp -d)
 trap 'rm -rf "$stage"' EXIT

@@ -3,8 +3,9 @@
 # $HOST_ROOT; and what the uninstall Job runs (uninstall/gpu-mps-uninstall.yaml) with the argument
 # `uninstall`.
 #
-#   install-on-host.sh [install]   the binaries into $GPU_MPS_PREFIX/bin, the node config if there is
-#                                  none, the gpu-mps runtime handler in containerd's config
+#   install-on-host.sh [install]   the binaries (those the image's binaries.txt lists) into
+#                                  $GPU_MPS_PREFIX/bin, the node config if there is none, the
+#                                  gpu-mps runtime handler in containerd's config
 #                                  (`gpu-mps install-containerd`, run inside the host's root, so it
 #                                  finds and checks the host's own containerd)
 #   install-on-host.sh uninstall   the handler out of containerd's config (`gpu-mps
@@ -38,9 +39,12 @@ prefix=${GPU_MPS_PREFIX:-/usr/local}
 node_config=${GPU_MPS_CONFIG:-/etc/gpu-mps/config.toml}
 containerd_config=${CONTAINERD_CONFIG:-/etc/containerd/config.toml}
 restart_command=${CONTAINERD_RESTART_COMMAND:-systemctl restart containerd}
-binaries="gpu-mps-shim gpu-mps-hook gpu-mps-manager gpu-mps gpu-mps-device-plugin"
 say() { echo "install-on-host: $*"; }
 die() { say "$*" >&2; exit 1; }
+# The binaries to install and to remove: the image's copy of packaging/binaries.txt (first column).
+binaries=$(awk '{ sub(/#.*/, "") } NF { printf "%s%s", sep, $1; sep = " " }' "$dist/binaries.txt") ||
+    die "cannot read the list of binaries $dist/binaries.txt (GPU_MPS_DIST)"
+[ -n "$binaries" ] || die "$dist/binaries.txt lists no binaries"
 
 case "$mode" in
     install | uninstall) ;;
@@ -88,6 +92,9 @@ state_root() {
 }
 
 install_binaries() {
+    for b in $binaries; do
+        [ -f "$dist/bin/$b" ] || die "the image has no $dist/bin/$b, which $dist/binaries.txt lists: rebuild it after scripts/build-release.sh"
+    done
     install -d -m 0755 "$host$prefix/bin"
     for b in $binaries; do
         # A rename, never a write in place: runc may be running the old shim or hook right now.

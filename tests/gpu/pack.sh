@@ -21,7 +21,8 @@ RUSTFLAGS='-C target-feature=+crt-static' cargo build --release -p gpu-mps-check
 # The test kubelet of tests/gpu/schedule.sh.
 cargo build --release -p gpu-mps-e2e --bin kubelet-gpu-run
 stage=$(mktemp -d)
-cp target/dist/{gpu-mps-shim,gpu-mps-hook,gpu-mps-manager,gpu-mps,gpu-mps-device-plugin} "$stage/"
+# target/dist/ holds exactly the binaries of packaging/binaries.txt.
+cp target/dist/* "$stage/"
 cp target/release/kubelet-gpu-run "$stage/"
 cp target/x86_64-unknown-linux-gnu/release/gpu-mps-checker "$stage/"
 tar -C "$stage" -cJf .carry/gpu-mps-bin.tar.xz .
