@@ -468,6 +468,14 @@ fn errors_are_one_line_naming_what_was_wrong() {
         ),
         ("error-annotation-not-a-string", &["config.json: annotations:"]),
         ("error-not-json", &["config.json is not valid JSON"]),
+        (
+            "error-priority-invalid",
+            &[
+                "annotation gpu-mps.io/priority=\"low\"",
+                "expected normal or below-normal",
+                "(set it on the pod)",
+            ],
+        ),
     ];
     let all = cases();
     let error_cases: Vec<&Case> = all
