@@ -1,6 +1,7 @@
 //! Types shared by gpu-mps-shim, gpu-mps-hook, gpu-mps-manager and gpu-mps-device-plugin. Pure,
 //! except the manager client ([`client`], [`proto`]), the file writing every component shares
-//! ([`files`]) and the node files every component reads ([`node_files`]).
+//! ([`files`]), the node files every component reads ([`node_files`]) and the `/proc` reads of
+//! [`process_identity`].
 
 pub mod annotations;
 pub mod client;
@@ -10,12 +11,14 @@ pub mod daemon_key;
 pub mod files;
 pub mod hook_invocation;
 pub mod inventory;
+pub mod lease_record;
 pub mod limits;
 pub mod maxima;
 pub mod memory_units;
 pub mod message;
 pub mod node_config;
 pub mod node_files;
+pub mod process_identity;
 pub mod quantity;
 pub mod status_view;
 

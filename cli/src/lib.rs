@@ -7,3 +7,4 @@ pub mod containerd_registration;
 pub mod doctor;
 pub mod explain;
 pub mod installed;
+pub mod live_leases;

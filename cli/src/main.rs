@@ -16,6 +16,7 @@ use gpu_mps_cli::containerd_registration as reg;
 use gpu_mps_cli::doctor;
 use gpu_mps_cli::explain::explain_rewrite;
 use gpu_mps_cli::installed;
+use gpu_mps_cli::live_leases;
 use gpu_mps_shim::node_files::load_inventory;
 
 #[derive(Debug, clap::Args)]
@@ -320,7 +321,31 @@ enum Command {
         #[command(subcommand)]
         action: ConfigAction,
     },
+    /// The node's own gpu-mps: what stands in the way of removing it.
+    #[command(after_help = "Examples:
+  gpu-mps node live-leases || echo \"drain the node's gpu-mps pods first\"
+  gpu-mps node live-leases --host-root /host   (from a container with the host's / at /host and hostPID)")]
+    Node {
+        #[command(subcommand)]
+        action: NodeAction,
+    },
 }
+
+#[derive(Debug, Subcommand)]
+enum NodeAction {
+    /// The containers that still hold a lease, from the lease files under the state root (the
+    /// manager may be stopped): one line each. Exit status 0 when none, 3 when any runs or a lease
+    /// file cannot be read (its container may run), 1 on an error.
+    LiveLeases {
+        /// Where the host's / is mounted; the pids are read from this process's /proc, so run it
+        /// with the host's PID namespace.
+        #[arg(long, default_value = "/")]
+        host_root: PathBuf,
+    },
+}
+
+/// `gpu-mps node live-leases` found containers that still run.
+const LIVE_LEASES_EXIT: u8 = 3;
 
 #[derive(Debug, Subcommand)]
 enum ConfigAction {
@@ -369,6 +394,23 @@ fn run(args: Args) -> anyhow::Result<ExitCode> {
         }
         return Ok(ExitCode::SUCCESS);
     }
+    if let Command::Node {
+        action: NodeAction::LiveLeases { host_root },
+    } = &args.command
+    {
+        let dir = config.lease_files_dir();
+        let dir = host_root.join(dir.strip_prefix("/").unwrap_or(&dir));
+        let found = live_leases::read(&dir)
+            .with_context(|| format!("reading the lease files in {}", dir.display()))?;
+        for line in found.lines() {
+            println!("{line}");
+        }
+        return Ok(if found.any() {
+            ExitCode::from(LIVE_LEASES_EXIT)
+        } else {
+            ExitCode::SUCCESS
+        });
+    }
     if let Command::Explain { bundle, inventory } = &args.command {
         let inventory_path = inventory.clone().unwrap_or_else(|| config.inventory_path());
         print!("{}", explain(bundle, &config, &inventory_path)?);
@@ -401,6 +443,7 @@ fn run(args: Args) -> anyhow::Result<ExitCode> {
         }
         Command::Explain { .. }
         | Command::Config { .. }
+        | Command::Node { .. }
         | Command::InstallContainerd { .. }
         | Command::UninstallContainerd { .. }
         | Command::Doctor { .. } => {

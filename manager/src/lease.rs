@@ -1,64 +1,6 @@
-//! A container's lease on an MPS daemon: its request (what it holds) and what the manager knows
-//! of the container.
+//! A container's lease on an MPS daemon (the type is gpu-mps-api's, which the CLI reads too).
 
-use gpu_mps_api::ContainerRequest;
-use serde::{Deserialize, Serialize};
-
-use crate::process_identity::ProcessIdentity;
-
-/// Serialized flat: the request's fields sit beside the lease's own, the shape records had
-/// before the request was one type (tests/fixtures/ holds records written then).
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-pub struct LeaseRecord {
-    pub container_id: String,
-    #[serde(flatten)]
-    pub request: ContainerRequest,
-    pub bundle: String,
-    /// The container's init process; the lease is dropped once it is gone, in case the
-    /// poststop hook never ran (runc killed, node crash, containerd restart).
-    pub process: Option<ProcessIdentity>,
-    pub acquired_unix: i64,
-    /// When the daemon its CUDA processes used died under it (unix seconds): MPS ended those
-    /// processes' server with it; the ones started since reach the daemon started in its place.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub daemon_lost_unix: Option<i64>,
-}
-
-impl LeaseRecord {
-    /// namespace/pod, or the container id for a container started without CRI (ctr).
-    pub fn owner(&self) -> String {
-        let identity = &self.request.identity;
-        if identity.pod.is_empty() {
-            self.container_id.clone()
-        } else {
-            format!("{}/{}", identity.namespace, identity.pod)
-        }
-    }
-
-    /// False once the container's init process has exited.
-    pub fn container_alive(&self) -> bool {
-        self.process.is_some_and(|p| p.is_alive())
-    }
-
-    #[cfg(test)]
-    pub fn for_test(
-        id: &str,
-        key: gpu_mps_api::DaemonKey,
-        limits: gpu_mps_api::Limits,
-        namespace: &str,
-    ) -> Self {
-        let mut request = ContainerRequest::for_test(&[], limits, namespace);
-        request.key = key;
-        LeaseRecord {
-            container_id: id.into(),
-            request,
-            bundle: String::new(),
-            process: None,
-            acquired_unix: 0,
-            daemon_lost_unix: None,
-        }
-    }
-}
+pub use gpu_mps_api::lease_record::LeaseRecord;
 
 #[cfg(test)]
 mod tests {

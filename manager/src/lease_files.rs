@@ -10,13 +10,12 @@
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
-use gpu_mps_api::ContainerId;
 use gpu_mps_api::files::{self, Durability, FileMode};
 use thiserror::Error;
 
-use crate::lease::LeaseRecord;
+use gpu_mps_api::lease_record::{LEASE_FILE_SUFFIX, lease_file_name, parse_lease_file};
 
-const SUFFIX: &str = ".json";
+use crate::lease::LeaseRecord;
 
 #[derive(Debug, Error)]
 pub enum LeaseFilesError {
@@ -92,16 +91,7 @@ impl LeaseFiles {
     }
 
     fn path_of(&self, container_id: &str) -> PathBuf {
-        self.dir.join(file_name(container_id))
-    }
-}
-
-/// The file name of a container's lease: its gate name (short, and safe for any valid id).
-fn file_name(container_id: &str) -> String {
-    match ContainerId::parse(container_id) {
-        Ok(id) => format!("{}{SUFFIX}", id.gate_name()),
-        // Leases are only made for valid ids; this keeps an odd one from escaping the dir.
-        Err(_) => format!("invalid-{}{SUFFIX}", container_id.len()),
+        self.dir.join(lease_file_name(container_id))
     }
 }
 
@@ -133,20 +123,6 @@ pub fn read_all(dir: &Path) -> (Vec<LeaseRecord>, Vec<String>) {
     (leases, notes)
 }
 
-/// A lease file's bytes, checked: a lease, of a valid container id, under the name that id gets.
-pub fn parse(bytes: &[u8], name: &str) -> Result<LeaseRecord, String> {
-    let lease: LeaseRecord = serde_json::from_slice(bytes).map_err(|e| e.to_string())?;
-    ContainerId::parse(&lease.container_id).map_err(|e| e.to_string())?;
-    let expected = file_name(&lease.container_id);
-    if name != expected {
-        return Err(format!(
-            "it holds the lease of container {}, whose file is {expected}",
-            lease.container_id
-        ));
-    }
-    Ok(lease)
-}
-
 /// `(container id, path)` of every lease file in `dir` that reads as a lease.
 fn list(dir: &Path) -> Result<Vec<(String, PathBuf)>, LeaseFilesError> {
     Ok(scan(dir)?
@@ -170,12 +146,12 @@ fn scan(dir: &Path) -> Result<Vec<Scanned>, LeaseFilesError> {
         let Some(name) = path.file_name().and_then(|n| n.to_str()) else {
             continue;
         };
-        if !name.ends_with(SUFFIX) || name.starts_with('.') {
+        if !name.ends_with(LEASE_FILE_SUFFIX) || name.starts_with('.') {
             continue;
         }
         let parsed = std::fs::read(&path)
             .map_err(|e| e.to_string())
-            .and_then(|bytes| parse(&bytes, name));
+            .and_then(|bytes| parse_lease_file(&bytes, name));
         found.push((path, parsed));
     }
     Ok(found)
@@ -257,7 +233,7 @@ mod tests {
         LeaseFiles::new(dir.path().into())
             .sync(&leases(std::slice::from_ref(&a)))
             .unwrap();
-        let b_name = file_name("bbb");
+        let b_name = lease_file_name("bbb");
         let bad: [(&str, &[u8]); 4] = [
             (&b_name, b"{ not json"),
             ("0000000000000000.json", b""),

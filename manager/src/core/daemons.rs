@@ -156,7 +156,7 @@ impl ManagerCore {
                 return Ok((identity, true));
             }
             warn!(daemon = %key, pid = identity.pid, "an MPS control daemon owns the pipe dir but does not answer; stopping it");
-            identity.terminate(std::time::Duration::from_secs(2)).await;
+            crate::process_identity::terminate(&identity, std::time::Duration::from_secs(2)).await;
         }
         // A server left by a dead daemon would run on beside the new one, holding GPU memory
         // and client slots for good; its clients already failed (measured).
