@@ -175,6 +175,32 @@ if [ "${1:-}" = "--in-namespace" ]; then
     done
     [ -z "$left" ] || die "processes still run in the root after the manager and containerd stopped:$left"
 
+    # A container that still holds a lease (its init process runs): the remove is refused and the
+    # package stays, as the DaemonSet's uninstall refuses (`gpu-mps node live-leases`).
+    sleep 120 &
+    holder=$!
+    ticks=$(sed 's/.*) //' "/proc/$holder/stat" | awk '{ print $20 }')
+    mkdir -p "$R/run/gpu-mps/leases"
+    # Container id "abc": its lease file is named by the first 8 bytes of sha256("abc").
+    printf '{"container_id":"abc","key":["%s"],"limits":{"memory_bytes":2147483648,"thread_percentage":30},"cuda_processes":1,"namespace":"","pod":"","container_name":"","bundle":"/b","process":{"pid":%s,"start_ticks":%s},"acquired_unix":1}' \
+        "$gpu" "$holder" "$ticks" >"$R/run/gpu-mps/leases/ba7816bf8f01cfea.json"
+    say "apt-get remove gpu-mps while a container holds a lease (pid $holder)"
+    if in_root apt-get remove -y gpu-mps >"$F/remove-refused.log" 2>&1; then
+        cat "$F/remove-refused.log"
+        die "apt-get remove went through under a running container's lease"
+    fi
+    grep -q "^gpu-mps: not removed: these containers still run with gpu-mps leases:" "$F/remove-refused.log" ||
+        { cat "$F/remove-refused.log"; die "the refused remove did not say why"; }
+    grep -q "^abc abc pid $holder on " "$F/remove-refused.log" ||
+        { cat "$F/remove-refused.log"; die "the refused remove did not name the container"; }
+    in_root dpkg-query -W -f '${Status}' gpu-mps | grep -qx "install ok installed" ||
+        die "after the refused remove gpu-mps is not installed: $(in_root dpkg-query -W -f '${Status}' gpu-mps)"
+    [ -x "$R/usr/bin/gpu-mps-shim" ] || die "the refused remove took gpu-mps-shim"
+    say "refused: $(grep -c . "$F/remove-refused.log") lines, the package stays installed"
+    kill "$holder"
+    wait "$holder" 2>/dev/null || true
+    rm -f "$R/run/gpu-mps/leases/ba7816bf8f01cfea.json"
+
     say "apt-get remove gpu-mps"
     in_root apt-get remove -y gpu-mps >"$F/remove.log" 2>&1 || { cat "$F/remove.log"; die "apt-get remove gpu-mps"; }
     sed -n '/^gpu-mps: /p; /^Removing /p' "$F/remove.log"

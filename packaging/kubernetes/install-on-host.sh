@@ -156,19 +156,26 @@ fi
 # Leases the manager left (it was stopped, not drained): their containers still run, and their
 # kill and delete go through gpu-mps-shim; removing it now would leave them stuck until containerd
 # restarts, and their MPS daemons without their pipe dirs.
-# A lease file names its container's init pid; the pod runs with hostPID, so /proc is the host's.
-# (A lease whose process is gone is stale: the manager that would drop it is stopped.)
-live=0
-for lease in "$host$root"/leases/*.json; do
-    [ -f "$lease" ] || continue
-    pid=$(sed -n 's/.*"pid": *\([0-9][0-9]*\).*/\1/p' "$lease" | head -n1)
-    if [ -n "$pid" ] && [ -d "/proc/$pid" ]; then
-        live=$((live + 1))
-    fi
-done
-if [ "$live" -gt 0 ] && [ "${FORCE:-false}" != true ]; then
-    die "$live gpu-mps container(s) still run with leases ($root/leases): delete the node's gpu-mps pods first, or set FORCE=true to remove gpu-mps under them"
-fi
+# `gpu-mps node live-leases` reads the lease files and checks each container's init process (pid
+# and start time; the pod runs with hostPID, so the host's /proc is the chroot's): the same check as
+# the Debian package's prerm. (A lease whose process is gone is stale: the manager that would drop
+# it is stopped.)
+set +e
+live=$(GPU_MPS_CONFIG=$node_config chroot "$host" "$cli" node live-leases 2>&1)
+live_status=$?
+set -e
+case $live_status in
+    0) ;;
+    3)
+        if [ "${FORCE:-false}" != true ]; then
+            die "gpu-mps containers still run with leases ($root/leases): delete the node's gpu-mps pods first, or set FORCE=true to remove gpu-mps under them: $(echo "$live" | tr '\n' ';')"
+        fi
+        say "FORCE=true: removing gpu-mps under running containers: $(echo "$live" | tr '\n' ';')"
+        ;;
+    *)
+        [ "${FORCE:-false}" = true ] || die "cannot tell whether gpu-mps containers still run ($live); set FORCE=true to remove gpu-mps anyway"
+        ;;
+esac
 register "$cli" uninstall-containerd
 for b in $binaries; do
     rm -f "$host$prefix/bin/$b"
