@@ -106,13 +106,19 @@ const DEFAULT_ARCHIVE: &str = "target/image/gpu-mps.oci.tar";
 const REQUIRE_ENV: &str = "GPU_MPS_E2E_REQUIRE_IMAGE";
 const DAEMONSET: &str = "packaging/kubernetes/gpu-mps.yaml";
 const UNINSTALL_JOB: &str = "packaging/kubernetes/uninstall/gpu-mps-uninstall.yaml";
-const BINARIES: [&str; 5] = [
-    "gpu-mps-shim",
-    "gpu-mps-hook",
-    "gpu-mps-manager",
-    "gpu-mps",
-    "gpu-mps-device-plugin",
-];
+/// The shipped binaries: the first column of packaging/binaries.txt, the one list.
+fn shipped_binaries() -> Vec<String> {
+    let list = std::fs::read_to_string(concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/../../packaging/binaries.txt"
+    ))
+    .expect("packaging/binaries.txt");
+    list.lines()
+        .map(str::trim)
+        .filter(|l| !l.is_empty() && !l.starts_with('#'))
+        .filter_map(|l| l.split_whitespace().next().map(String::from))
+        .collect()
+}
 const WAIT: Duration = Duration::from_secs(60);
 
 fn repository() -> PathBuf {
@@ -369,7 +375,7 @@ async fn uninstall_refused(
         "the uninstall did not refuse with {why:?}: exit {code}, {restarts} restarts:\n{log}"
     );
     cri.delete_pod(&pod).await?;
-    for binary in BINARIES {
+    for binary in &shipped_binaries() {
         ensure!(
             tree.installed(binary).is_file(),
             "the refused uninstall removed {binary}"
@@ -475,7 +481,7 @@ async fn the_daemonset_installs_serves_a_gpu_container_and_uninstalls(suite: Sui
     let containerd_pid = containerd.pid();
     let log = run_installer(&mut containerd, &mut cri, &pod, (template, &install), &tree, 1).await?;
     ensure!(containerd.pid() != containerd_pid, "containerd was not restarted");
-    for binary in BINARIES {
+    for binary in &shipped_binaries() {
         ensure!(
             tree.installed(binary).is_file(),
             "{} is not installed:\n{log}",
@@ -687,7 +693,7 @@ async fn the_daemonset_installs_serves_a_gpu_container_and_uninstalls(suite: Sui
         String::from_utf8_lossy(&config_after)
     );
     ensure!(!tree.drop_in.exists(), "{} is left", tree.drop_in.display());
-    for binary in BINARIES {
+    for binary in &shipped_binaries() {
         ensure!(!tree.installed(binary).exists(), "{binary} is left:\n{log}");
     }
     ensure!(
