@@ -140,7 +140,7 @@ fn shim_time_per_create(shim: &Path) -> Result<()> {
             root.display().to_string()
         ),
     )?;
-    let spec = r#"{"ociVersion":"1.0.2","process":{"args":["/checker"],"env":["PATH=/bin","NVIDIA_VISIBLE_DEVICES=0"],"cwd":"/"},"root":{"path":"rootfs"},"mounts":[{"destination":"/proc","type":"proc","source":"proc"}],"linux":{"namespaces":[{"type":"pid"},{"type":"ipc"},{"type":"mount"}]},"annotations":{"gpu-mps.io/memory-limit":"4Gi","gpu-mps.io/active-thread-percentage":"25"}}"#;
+    let spec = r#"{"ociVersion":"1.0.2","process":{"args":["/checker"],"env":["PATH=/bin"],"cwd":"/"},"root":{"path":"rootfs"},"mounts":[{"destination":"/proc","type":"proc","source":"proc"}],"linux":{"namespaces":[{"type":"pid"},{"type":"ipc"},{"type":"mount"}]},"annotations":{"cdi.k8s.io/bench":"nvidia.com/gpu=0","gpu-mps.io/memory-limit":"4Gi","gpu-mps.io/active-thread-percentage":"25"}}"#;
 
     // In-process: the pure plan (parse, resolve, rewrite, serialize).
     let config = NodeConfig::from_toml(&std::fs::read_to_string(&config_path)?, &config_path)?;
