@@ -188,11 +188,11 @@ impl ParsedSpec {
             )?,
             None => request::resolve_limits(&parsed.annotations, &identity.container_name, rules)?,
         };
+        let (priority, priority_source) =
+            request::resolve_priority(&parsed.annotations, &identity.container_name)?;
         // Under every policy the container sees only its gate's `control`, never the daemon's
         // pipe dir: that one holds `control_privileged`, through which a root pod could change
         // or quit the daemon (measured on the H200, MPS-FACTS.md "Hostile tenants").
-        let (priority, priority_source) =
-            request::resolve_priority(&parsed.annotations, &identity.container_name)?;
         let gate_dir = config.gate_dir(&ContainerId::parse(container_id)?);
         let env = spec_fields::env(&parsed.spec)?;
         let request = ResolvedRequest {
