@@ -2,8 +2,9 @@
 //! from the spec and the node config, the createRuntime hook carries it to gpu-mps-manager (its
 //! arguments: [`crate::hook_invocation`]), the manager checks it at its socket
 //! ([`ContainerRequest::from_acquire_request`]), admits it and records it as the lease's content.
-//! A new per-container field is a field here, its two codecs (hook arguments, proto) and its
-//! source in the shim; nothing on the way copies fields one by one.
+//! A new per-container field is a field here, its codecs (to the hook's arguments and from them
+//! to the proto: [`crate::hook_invocation`]; from the proto: [`ContainerRequest::from_acquire_request`])
+//! and its source in the shim; nothing on the way copies fields one by one.
 
 use serde::{Deserialize, Serialize};
 use thiserror::Error;
@@ -48,13 +49,11 @@ impl ClientPriority {
     pub const NAMES: [&'static str; 2] = ["normal", "below-normal"];
 
     pub fn parse(text: &str) -> Result<Self, LimitError> {
-        match text {
-            "normal" => Ok(ClientPriority::Normal),
-            "below-normal" => Ok(ClientPriority::BelowNormal),
-            other => Err(LimitError::Priority {
-                value: other.to_string(),
-            }),
-        }
+        (Self::NAMES.iter().position(|name| *name == text))
+            .and_then(|value| Self::from_mps_value(value as u32))
+            .ok_or_else(|| LimitError::Priority {
+                value: text.to_string(),
+            })
     }
 
     pub fn name(self) -> &'static str {
@@ -144,27 +143,6 @@ impl ContainerRequest {
             && self.cuda_processes == other.cuda_processes
             && self.memory_units == other.memory_units
             && self.priority == other.priority
-    }
-
-    /// The manager's Acquire for the container `container_id` (the OCI state's id, pid and
-    /// bundle come from runc, not from the request).
-    pub fn to_acquire_request(&self, container_id: &str, pid: u32, bundle: &str) -> proto::AcquireRequest {
-        let mut req = proto::AcquireRequest::new();
-        req.container_id = container_id.to_string();
-        req.pid = pid;
-        req.bundle = bundle.to_string();
-        req.gpu_uuids = self.key.gpu_uuids().to_vec();
-        req.memory_limit_bytes = self.limits.memory_bytes;
-        req.active_thread_percentage = u32::from(self.limits.thread_percentage);
-        req.namespace = self.identity.namespace.clone();
-        req.pod = self.identity.pod.clone();
-        req.container_name = self.identity.container_name.clone();
-        req.cuda_processes = self.cuda_processes;
-        req.policy = self.layout.policy.clone();
-        req.config_digest = self.layout.config_digest.clone();
-        req.memory_units = self.memory_units.clone();
-        req.client_priority = self.priority.mps_value();
-        req
     }
 
     /// The request an Acquire carries, checked as anything from the socket must be: limits in

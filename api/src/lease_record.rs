@@ -2,6 +2,8 @@
 //! of the container. The manager writes them (state.json, `<root>/leases/<gate name>.json`); the
 //! CLI reads the lease files too (`gpu-mps node live-leases`, with the manager stopped).
 
+use std::path::{Path, PathBuf};
+
 use serde::{Deserialize, Serialize};
 
 use crate::container_id::ContainerId;
@@ -9,7 +11,7 @@ use crate::container_request::ContainerRequest;
 use crate::process_identity::ProcessIdentity;
 
 /// A lease file's name ends so.
-pub const LEASE_FILE_SUFFIX: &str = ".json";
+const LEASE_FILE_SUFFIX: &str = ".json";
 
 /// Serialized flat: the request's fields sit beside the lease's own, the shape records had
 /// before the request was one type (manager/tests/fixtures/ holds records written then).
@@ -71,7 +73,7 @@ pub fn lease_file_name(container_id: &str) -> String {
 }
 
 /// A lease file's bytes, checked: a lease, of a valid container id, under the name that id gets.
-pub fn parse_lease_file(bytes: &[u8], name: &str) -> Result<LeaseRecord, String> {
+fn parse_lease_file(bytes: &[u8], name: &str) -> Result<LeaseRecord, String> {
     let lease: LeaseRecord = serde_json::from_slice(bytes).map_err(|e| e.to_string())?;
     ContainerId::parse(&lease.container_id).map_err(|e| e.to_string())?;
     let expected = lease_file_name(&lease.container_id);
@@ -82,4 +84,36 @@ pub fn parse_lease_file(bytes: &[u8], name: &str) -> Result<LeaseRecord, String>
         ));
     }
     Ok(lease)
+}
+
+/// A lease file's path, and its lease or why it is none.
+pub type LeaseFile = (PathBuf, Result<LeaseRecord, String>);
+
+/// Every lease file in `dir` (`*.json`; temp files of a write in progress start with a dot), read,
+/// in name order: its path and its lease or why it is none. Changes nothing in `dir`.
+pub fn read_lease_dir(dir: &Path) -> std::io::Result<Vec<LeaseFile>> {
+    let mut paths: Vec<PathBuf> = std::fs::read_dir(dir)?
+        .flatten()
+        .map(|entry| entry.path())
+        .filter(|path| {
+            path.file_name()
+                .and_then(|n| n.to_str())
+                .is_some_and(|n| n.ends_with(LEASE_FILE_SUFFIX) && !n.starts_with('.'))
+        })
+        .collect();
+    paths.sort();
+    Ok(paths
+        .into_iter()
+        .map(|path| {
+            let name = path
+                .file_name()
+                .and_then(|n| n.to_str())
+                .unwrap_or_default()
+                .to_string();
+            let lease = std::fs::read(&path)
+                .map_err(|e| e.to_string())
+                .and_then(|bytes| parse_lease_file(&bytes, &name));
+            (path, lease)
+        })
+        .collect())
 }

@@ -45,16 +45,16 @@ pub fn is_running(pid: u32) -> bool {
 }
 
 // The command name in field 2 may contain spaces and parentheses: parse after the LAST ')'.
-pub fn fields_after_comm(stat: &str) -> Option<Vec<&str>> {
+fn fields_after_comm(stat: &str) -> Option<Vec<&str>> {
     let rest = &stat[stat.rfind(')')? + 1..];
     Some(rest.split_whitespace().collect())
 }
 
-pub fn parse_state(stat: &str) -> Option<char> {
+fn parse_state(stat: &str) -> Option<char> {
     fields_after_comm(stat)?.first()?.chars().next()
 }
 
-pub fn parse_start_ticks(stat: &str) -> Option<u64> {
+fn parse_start_ticks(stat: &str) -> Option<u64> {
     // After the comm, field 3 (state) is index 0, so field 22 (starttime) is index 19.
     fields_after_comm(stat)?.get(19)?.parse().ok()
 }
@@ -69,6 +69,10 @@ mod tests {
             "1234 (a (weird) name) S 1 1234 1234 0 -1 4194560 100 0 0 0 1 2 0 0 20 0 1 0 987654 1000 10";
         assert_eq!(parse_start_ticks(stat), Some(987654));
         assert_eq!(parse_state(stat), Some('S'));
+        let stat =
+            "1234 (contain) erd) S 1 1234 1234 0 -1 4194560 100 0 0 0 5 3 0 0 20 0 12 0 98765 100000 500";
+        assert_eq!(parse_start_ticks(stat), Some(98765));
+        assert_eq!(parse_start_ticks("garbage"), None);
     }
 
     #[test]

@@ -3,9 +3,9 @@
 //! gpu-mps is removed from under them, by the Debian package's prerm and the DaemonSet's
 //! uninstall, which share the one rule: refused while any runs, unless forced.
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
 
-use gpu_mps_api::lease_record::{LEASE_FILE_SUFFIX, LeaseRecord, parse_lease_file};
+use gpu_mps_api::lease_record::{LeaseRecord, read_lease_dir};
 
 /// What the lease files say.
 #[derive(Debug, Default)]
@@ -42,27 +42,13 @@ impl LiveLeases {
 /// Reads every lease file in `dir` (a missing dir: none) without changing anything there.
 pub fn read(dir: &Path) -> std::io::Result<LiveLeases> {
     let mut found = LiveLeases::default();
-    let entries = match std::fs::read_dir(dir) {
-        Ok(entries) => entries,
+    let files = match read_lease_dir(dir) {
+        Ok(files) => files,
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(found),
         Err(e) => return Err(e),
     };
-    let mut paths: Vec<PathBuf> = entries
-        .flatten()
-        .map(|e| e.path())
-        .filter(|p| {
-            p.file_name()
-                .and_then(|n| n.to_str())
-                .is_some_and(|n| n.ends_with(LEASE_FILE_SUFFIX) && !n.starts_with('.'))
-        })
-        .collect();
-    paths.sort();
-    for path in paths {
-        let name = path.file_name().and_then(|n| n.to_str()).unwrap_or_default();
-        match std::fs::read(&path)
-            .map_err(|e| e.to_string())
-            .and_then(|bytes| parse_lease_file(&bytes, name))
-        {
+    for (path, lease) in files {
+        match lease {
             Ok(lease) if lease.container_alive() => found.live.push(lease),
             Ok(_) => {}
             Err(reason) => found.unreadable.push(format!("{}: {reason}", path.display())),

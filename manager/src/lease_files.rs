@@ -13,7 +13,7 @@ use std::path::{Path, PathBuf};
 use gpu_mps_api::files::{self, Durability, FileMode};
 use thiserror::Error;
 
-use gpu_mps_api::lease_record::{LEASE_FILE_SUFFIX, lease_file_name, parse_lease_file};
+use gpu_mps_api::lease_record::{LeaseFile, lease_file_name, read_lease_dir};
 
 use crate::lease::LeaseRecord;
 
@@ -131,30 +131,12 @@ fn list(dir: &Path) -> Result<Vec<(String, PathBuf)>, LeaseFilesError> {
         .collect())
 }
 
-/// A lease file's path, and its lease or why it is none.
-type Scanned = (PathBuf, Result<LeaseRecord, String>);
-
-/// Every `*.json` file in `dir` (temp files of a write in progress start with a dot), read.
-fn scan(dir: &Path) -> Result<Vec<Scanned>, LeaseFilesError> {
-    let entries = std::fs::read_dir(dir).map_err(|source| LeaseFilesError::List {
+/// Every lease file in `dir`, read (gpu_mps_api's reader, which the CLI shares).
+fn scan(dir: &Path) -> Result<Vec<LeaseFile>, LeaseFilesError> {
+    read_lease_dir(dir).map_err(|source| LeaseFilesError::List {
         dir: dir.into(),
         source,
-    })?;
-    let mut found = Vec::new();
-    for entry in entries.flatten() {
-        let path = entry.path();
-        let Some(name) = path.file_name().and_then(|n| n.to_str()) else {
-            continue;
-        };
-        if !name.ends_with(LEASE_FILE_SUFFIX) || name.starts_with('.') {
-            continue;
-        }
-        let parsed = std::fs::read(&path)
-            .map_err(|e| e.to_string())
-            .and_then(|bytes| parse_lease_file(&bytes, name));
-        found.push((path, parsed));
-    }
-    Ok(found)
+    })
 }
 
 fn remove(path: &Path) -> Result<(), LeaseFilesError> {

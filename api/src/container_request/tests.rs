@@ -45,14 +45,18 @@ prop_compose! {
     }
 }
 
-proptest! {
-    #[test]
-    fn a_request_survives_the_proto(request in request()) {
-        let req = request.to_acquire_request("c1", 4242, "/b");
-        prop_assert_eq!((req.container_id.as_str(), req.pid, req.bundle.as_str()), ("c1", 4242, "/b"));
-        prop_assert_eq!(ContainerRequest::from_acquire_request(&req).unwrap(), request);
-    }
+/// The Acquire the hook sends for `request` as the shim wrote it into the hook's arguments.
+fn acquire_through_the_hook(request: &ContainerRequest) -> proto::AcquireRequest {
+    let args = AcquireArgs {
+        socket: "/run/x/manager.sock".into(),
+        timeout_seconds: 7,
+        request: request.clone(),
+    };
+    let parsed = HookCommandLine::try_parse_from(&args.to_hook_args()[1..]).unwrap();
+    parsed.request.to_acquire_request("c1", 4242, "/b")
+}
 
+proptest! {
     #[test]
     fn a_request_survives_the_hook_arguments_and_the_proto(request in request()) {
         let args = AcquireArgs { socket: "/run/x/manager.sock".into(), timeout_seconds: 7, request: request.clone() };
@@ -62,6 +66,7 @@ proptest! {
         prop_assert_eq!(parsed.socket, "/run/x/manager.sock");
         prop_assert_eq!(parsed.timeout_seconds, 7);
         let req = parsed.request.to_acquire_request("c1", 4242, "/b");
+        prop_assert_eq!((req.container_id.as_str(), req.pid, req.bundle.as_str()), ("c1", 4242, "/b"));
         prop_assert_eq!(ContainerRequest::from_acquire_request(&req).unwrap(), request);
     }
 
@@ -143,15 +148,14 @@ fn the_hook_arguments_of_a_normal_request_are_those_before_priority_existed() {
 
 #[test]
 fn the_socket_refuses_what_the_annotations_would() {
-    let good = ContainerRequest::for_test(
+    let good = acquire_through_the_hook(&ContainerRequest::for_test(
         &["GPU-a"],
         Limits {
             memory_bytes: 1 << 30,
             thread_percentage: 10,
         },
         "ns",
-    )
-    .to_acquire_request("c", 1, "/b");
+    ));
     let refused = |edit: fn(&mut proto::AcquireRequest)| {
         let mut req = good.clone();
         edit(&mut req);

@@ -14,13 +14,14 @@ use gpu_mps_api::NodeConfig;
 use gpu_mps_api::client::ManagerConnection;
 use gpu_mps_api::node_config::{PUBLISHED_CONFIG_FILE, PublishedConfig};
 use gpu_mps_api::node_files::load_inventory;
+use gpu_mps_api::process_identity::ProcessIdentity;
 use gpu_mps_api::proto;
 
 use super::{
     CdiFacts, CdiSpec, ConfigFacts, ConfigState, ContainerdFacts, DescriptorFacts, DoctorError, Facts,
     FileState, GpuFacts, GpuSeen, GpuSource, HostMpsDirFacts, ManagerAnswer, ManagerFacts, MpsFacts,
     NvmlProbe, ProcessDescriptors, RegistrationFacts, RuncFacts, RunningContainerd, containerd_config_arg,
-    parse_boot_time, parse_cdi_spec, parse_nvidia_smi, parse_open_files_limit, parse_start_ticks,
+    parse_boot_time, parse_cdi_spec, parse_nvidia_smi, parse_open_files_limit,
 };
 use crate::containerd_registration::{self as reg, InstallOptions};
 
@@ -159,7 +160,7 @@ fn running_containerd(socket: &Path, main_config: &Path) -> Option<RunningContai
     let same = |a: &Path, b: &Path| {
         a == b || (a.canonicalize().ok()).is_some_and(|a| Some(a) == b.canonicalize().ok())
     };
-    let ticks = parse_start_ticks(&fs::read_to_string(format!("/proc/{pid}/stat")).ok()?)?;
+    let ticks = ProcessIdentity::of(pid)?.start_ticks;
     let boot = parse_boot_time(&fs::read_to_string("/proc/stat").ok()?)?;
     Some(RunningContainerd {
         pid,

@@ -44,7 +44,7 @@ pub use node_config::{ConfigFacts, ConfigState};
 pub use nvml::NvmlProbe;
 pub use registration::{
     CONTAINERD_SOCKET, ContainerdFacts, NOT_LOADED_YET, RegistrationFacts, RunningContainerd,
-    containerd_config_arg, parse_boot_time, parse_start_ticks,
+    containerd_config_arg, parse_boot_time,
 };
 pub use runc::RuncFacts;
 

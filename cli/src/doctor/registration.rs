@@ -205,13 +205,6 @@ pub fn containerd_config_arg(args: &[String]) -> PathBuf {
     reg::MAIN_CONFIG.into()
 }
 
-/// The start time of a process in clock ticks after boot: field 22 of `/proc/<pid>/stat`. The
-/// command name (field 2) may hold spaces and parentheses, so fields are counted after its last `)`.
-pub fn parse_start_ticks(stat: &str) -> Option<u64> {
-    let (_, rest) = stat.rsplit_once(')')?;
-    rest.split_whitespace().nth(19)?.parse().ok()
-}
-
 /// Boot time (unix seconds): the `btime` line of `/proc/stat`.
 pub fn parse_boot_time(proc_stat: &str) -> Option<i64> {
     proc_stat
@@ -462,10 +455,6 @@ mod tests {
             containerd_config_arg(&args(&["containerd", "--config=/z.toml"])),
             PathBuf::from("/z.toml")
         );
-        let stat =
-            "1234 (contain) erd) S 1 1234 1234 0 -1 4194560 100 0 0 0 5 3 0 0 20 0 12 0 98765 100000 500";
-        assert_eq!(parse_start_ticks(stat), Some(98765));
-        assert_eq!(parse_start_ticks("garbage"), None);
         assert_eq!(
             parse_boot_time("cpu  1 2 3\nbtime 1700000000\nprocesses 5\n"),
             Some(1_700_000_000)

@@ -4,7 +4,7 @@
 
 use std::collections::HashMap;
 
-use gpu_mps_api::{ContainerId, ContainerRequest, DaemonKey};
+use gpu_mps_api::{ContainerId, DaemonKey, Limits};
 use tracing::{error, info, warn};
 
 use super::{LEASE_RELEASE_GRACE_S, ManagerCore, ReconcileMemory, SERVER_LOG};
@@ -215,7 +215,8 @@ impl ManagerCore {
     /// GPU) unless EXCLUSIVE_PROCESS is on. The leases that were on it are marked: their
     /// running CUDA processes lost their server.
     async fn restart_dead_daemons(&self, now: i64) {
-        let needed: Vec<(DaemonKey, ContainerRequest)> = {
+        // The limits its servers must hold again, from one of its leases (all have the same class).
+        let needed: Vec<(DaemonKey, Option<Limits>)> = {
             let mut books = self.books();
             let dead: Vec<(String, DaemonKey, u32)> = books
                 .state
@@ -262,12 +263,16 @@ impl ManagerCore {
             }
             keys.into_iter()
                 .filter_map(|key| {
-                    let request = books.state.leases_of(&key).map(|l| l.request.clone()).next()?;
-                    Some((key, request))
+                    let limits = books
+                        .state
+                        .leases_of(&key)
+                        .map(|l| admission::server_limits(&self.policy, &l.request))
+                        .next()?;
+                    Some((key, limits))
                 })
                 .collect()
         };
-        for (key, request) in needed {
+        for (key, limits) in needed {
             let _turn = self.daemon_turns.take(&key).await;
             let still_dead = {
                 let books = self.books();
@@ -281,7 +286,6 @@ impl ManagerCore {
             if !still_dead {
                 continue;
             }
-            let limits = admission::server_limits(&self.policy, &request);
             match self.ensure_daemon(&key, limits).await {
                 Ok(()) => {
                     let mut books = self.books();
