@@ -2,13 +2,15 @@
 //! Side effects go through `MpsControl` and `GpuBackend`, so this is tested without a GPU.
 //!
 //! Who owns what (docs/adr/0008-daemon-owners.md):
-//! - `books`: the node's bookkeeping (leases, daemon records, the state file). One lock for the
-//!   node, held only for in-memory changes and the state file's write: never across a call to a
-//!   daemon, so a slow or hung daemon never stalls Acquire, Release or status elsewhere.
-//! - `daemon_turns`: one turn per daemon, taken for the slow work on it (start, stop): a second
-//!   Acquire for the same daemon waits for the start in progress; other daemons do not wait.
+//! - `books`: the node's bookkeeping (leases, the daemons' book, the state file). One lock for
+//!   the node, held only for in-memory changes and the state file's write: never across a call
+//!   to a daemon, so a slow or hung daemon never stalls Acquire, Release or status elsewhere.
+//! - each daemon's facts (process, limits shown, server.log cursor, failed start, turn) in one
+//!   `daemon_life::Daemon`, changed only through its pure `step`; its turn is taken for the slow
+//!   work on it (start, stop, replace): a second Acquire for the same daemon waits for the start
+//!   in progress; other daemons do not wait.
 //! - the daemon's owner task (`gate::daemon_admission`): the one writer of its servers' limits,
-//!   under every policy.
+//!   under every policy, and the one that tells a stuck server.
 //! - `reconciler`: what only the periodic housekeeping remembers.
 //!
 //! One file per verb: acquire, release, status, reconcile, adopt (at start), shutdown; the
@@ -37,17 +39,15 @@ use tracing::{error, info, warn};
 
 use crate::admission::{self, AdmissionPolicy, Refusal};
 use crate::compute_mode;
+use crate::daemon_life::{DaemonBook, Event, Turn};
 use crate::fault_watch::LogCursor;
-use crate::gate::daemon_admission::WedgeReport;
 use crate::gate::{GateBounds, GateError, GateTarget, GateTimings, Gates, ListenerStore};
 use crate::gpu_backend::{GpuBackend, GpuBackendError};
 use crate::lease::LeaseRecord;
 use crate::lease_files::LeaseFiles;
 use crate::metrics::{AcquireOutcome, Metrics};
 use crate::mps_control::{ControlError, MpsControl};
-use crate::state::{State, StateError};
-
-use daemons::DaemonTurns;
+use crate::state::{State, StateError, StateOnDisk};
 
 #[derive(Debug, Error)]
 pub enum ManagerError {
@@ -165,18 +165,17 @@ fn unserved_gate_dir_age(config: &NodeConfig) -> std::time::Duration {
 
 /// The node's bookkeeping, under one lock that is never held across an await.
 struct Books {
-    state: State,
+    /// The recorded leases, by container id.
+    leases: BTreeMap<String, LeaseRecord>,
+    /// Compute modes found before the manager set EXCLUSIVE_PROCESS (crate::state::State).
+    saved_compute_modes: BTreeMap<String, String>,
+    /// Every daemon's facts.
+    daemons: DaemonBook,
     /// Leases being acquired (their daemon starting, their limits being set): admission counts
     /// them, so two Acquires in flight never share out the same memory or units, but they
     /// reach the state file only once their daemon and gate are ready.
     pending: BTreeMap<String, LeaseRecord>,
-    /// Where each daemon's server.log was read up to, by daemon dir (not persisted: a restarted
-    /// manager starts at the end, the faults before were reported by the one that saw them).
-    server_logs: HashMap<String, LogCursor>,
-    /// The last failed start of each daemon, when (unix seconds) and why: its GPUs report
-    /// unhealthy for a while after it, unless a daemon of that key runs by then.
-    start_failures: HashMap<DaemonKey, (i64, String)>,
-    /// One file per recorded lease, kept in line with `state.leases` at every save.
+    /// One file per recorded lease, kept in line with `leases` at every save.
     lease_files: LeaseFiles,
     /// Why the last save failed (a full disk), while it stays failed: the reconcile saves
     /// again every tick until one succeeds.
@@ -184,37 +183,44 @@ struct Books {
 }
 
 impl Books {
+    fn leases_of<'a>(&'a self, key: &'a DaemonKey) -> impl Iterator<Item = &'a LeaseRecord> + 'a {
+        self.leases.values().filter(move |l| &l.request.key == key)
+    }
+
+    fn pending_of(&self, key: &DaemonKey) -> usize {
+        self.pending.values().filter(|l| &l.request.key == key).count()
+    }
+
     /// Whether a lease, recorded or being acquired, uses the daemon of `key`.
     fn in_use(&self, key: &DaemonKey) -> bool {
-        self.state.leases_of(key).next().is_some() || self.pending.values().any(|l| &l.request.key == key)
+        self.leases_of(key).next().is_some() || self.pending_of(key) > 0
     }
 
     /// Marks the daemon idle (its stop then waits for the grace period) once nothing uses it.
     fn mark_idle_if_unused(&mut self, key: &DaemonKey) {
         if !self.in_use(key) {
-            if let Some(d) = self.state.daemons.get_mut(&key.dir_name()) {
-                d.idle_since_unix = Some(now_unix());
-            }
+            self.daemons.of(key).step(Event::Unused { now: now_unix() });
         }
     }
 
     /// A daemon of `key` failed to start (or to take its limits) at `now`: its GPUs report
     /// unhealthy for a while, with `error` as the reason.
     fn note_start_failure(&mut self, key: &DaemonKey, now: i64, error: &ManagerError) {
-        self.start_failures.insert(
-            key.clone(),
-            (now, gpu_mps_api::message::one_line(&error.to_string())),
-        );
+        self.daemons
+            .of(key)
+            .step(Event::StartFailed(crate::daemon_life::StartFailure {
+                at_unix: now,
+                why: gpu_mps_api::message::one_line(&error.to_string()),
+            }));
     }
 
     /// Writes the state file, then brings the lease files in line with it. A failure is kept
     /// in `unsaved` (the reconcile tries again) and returned.
     fn save(&mut self, path: &Path) -> Result<(), ManagerError> {
-        let saved = self.state.save(path).map_err(ManagerError::from).and_then(|()| {
-            self.lease_files
-                .sync(&self.state.leases)
-                .map_err(ManagerError::from)
-        });
+        let saved = StateOnDisk::new(self.daemons.records(), &self.leases, &self.saved_compute_modes)
+            .save(path)
+            .map_err(ManagerError::from)
+            .and_then(|()| self.lease_files.sync(&self.leases).map_err(ManagerError::from));
         self.unsaved = saved
             .as_ref()
             .err()
@@ -230,18 +236,7 @@ struct ReconcileMemory {
     compute_mode_drift: HashMap<String, String>,
     /// Leases whose container process was first seen gone, and when (unix seconds).
     lease_gone_since: HashMap<String, i64>,
-    /// Daemons found stuck outside a gate (at adoption): replaced at the next reconcile.
-    stuck_daemons: Vec<WedgeReport>,
 }
-
-/// How long a GPU reports unhealthy after its daemon failed to start. Short: the device plugin
-/// turns the GPU's units Unhealthy meanwhile, so no new container comes to retry the start, and
-/// the GPU must come back by itself for the next one to try.
-const START_FAILURE_UNHEALTHY_SECONDS: i64 = 15;
-
-/// How long a GPU reports unhealthy after its server's last fatal fault: the server refuses new
-/// clients until the faulted ones have exited, which takes the framework seconds.
-const FAULT_UNHEALTHY_SECONDS: i64 = 30;
 
 pub struct ManagerCore {
     config: NodeConfig,
@@ -257,7 +252,6 @@ pub struct ManagerCore {
     /// Every container's connect gate, and every daemon's owner task.
     gates: Gates,
     books: StdMutex<Books>,
-    daemon_turns: DaemonTurns,
     /// Also keeps two reconciles from overlapping.
     reconciler: tokio::sync::Mutex<ReconcileMemory>,
     /// Where events are recorded (crate::metrics); it holds none of the state above.
@@ -380,6 +374,9 @@ impl ManagerCore {
         if let Some(store) = &options.listener_store {
             gates = gates.with_listener_store(store.clone());
         }
+        for report in stuck_daemons {
+            gates.report_stuck(report);
+        }
         let running = adopt::running_clients_by_container(control.as_ref(), &state).await;
         adopt::reopen_gates(
             &config,
@@ -389,11 +386,9 @@ impl ManagerCore {
             options.listener_store.as_deref(),
             running,
         );
-        let server_logs = state
-            .daemons
-            .iter()
-            .map(|(dir, d)| (dir.clone(), LogCursor::at_end(&d.log_dir.join(SERVER_LOG))))
-            .collect();
+        let daemons = DaemonBook::adopted(std::mem::take(&mut state.daemons).into_values(), |d| {
+            LogCursor::at_end(&d.log_dir.join(SERVER_LOG))
+        });
         let config_digest = config.digest();
         Ok(ManagerCore {
             config,
@@ -405,18 +400,14 @@ impl ManagerCore {
             inventory,
             gates,
             books: StdMutex::new(Books {
-                state,
+                leases: state.leases,
+                saved_compute_modes: state.saved_compute_modes,
+                daemons,
                 pending: BTreeMap::new(),
-                server_logs,
-                start_failures: HashMap::new(),
                 lease_files,
                 unsaved,
             }),
-            daemon_turns: DaemonTurns::default(),
-            reconciler: tokio::sync::Mutex::new(ReconcileMemory {
-                stuck_daemons,
-                ..ReconcileMemory::default()
-            }),
+            reconciler: tokio::sync::Mutex::new(ReconcileMemory::default()),
             metrics: options.metrics,
         })
     }
@@ -429,6 +420,12 @@ impl ManagerCore {
     /// manager goes on with it rather than refuse every container from then on.
     fn books(&self) -> MutexGuard<'_, Books> {
         self.books.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
+    }
+
+    /// Takes the daemon's turn, waiting outside the books for whoever holds it.
+    async fn take_turn(&self, key: &DaemonKey) -> Turn {
+        let turn = self.books().daemons.of(key).turn();
+        turn.lock_owned().await
     }
 
     fn gate_target(&self, id: &ContainerId, lease: &LeaseRecord) -> GateTarget {

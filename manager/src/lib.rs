@@ -5,6 +5,7 @@
 pub mod admission;
 pub mod compute_mode;
 pub mod core;
+pub mod daemon_life;
 pub mod fault_watch;
 pub mod gate;
 pub mod gpu_backend;

@@ -127,6 +127,46 @@ impl State {
     }
 
     pub fn save(&self, path: &Path) -> Result<(), StateError> {
+        StateOnDisk {
+            version: self.version,
+            daemons: self.daemons.iter().map(|(dir, d)| (dir.clone(), d)).collect(),
+            leases: &self.leases,
+            saved_compute_modes: &self.saved_compute_modes,
+        }
+        .save(path)
+    }
+
+    pub fn leases_of<'a>(&'a self, key: &'a DaemonKey) -> impl Iterator<Item = &'a LeaseRecord> + 'a {
+        self.leases.values().filter(move |l| &l.request.key == key)
+    }
+}
+
+/// The state file's content, borrowed from where a running manager keeps it (the daemons in
+/// crate::daemon_life, the leases in the books): the same JSON as [`State`]'s.
+#[derive(Serialize)]
+pub struct StateOnDisk<'a> {
+    pub version: u32,
+    /// By DaemonKey::dir_name().
+    pub daemons: BTreeMap<String, &'a DaemonRecord>,
+    pub leases: &'a BTreeMap<String, LeaseRecord>,
+    pub saved_compute_modes: &'a BTreeMap<String, String>,
+}
+
+impl<'a> StateOnDisk<'a> {
+    pub fn new(
+        daemons: impl IntoIterator<Item = &'a DaemonRecord>,
+        leases: &'a BTreeMap<String, LeaseRecord>,
+        saved_compute_modes: &'a BTreeMap<String, String>,
+    ) -> Self {
+        StateOnDisk {
+            version: STATE_VERSION,
+            daemons: daemons.into_iter().map(|d| (d.key.dir_name(), d)).collect(),
+            leases,
+            saved_compute_modes,
+        }
+    }
+
+    pub fn save(&self, path: &Path) -> Result<(), StateError> {
         let text = serde_json::to_vec_pretty(self).expect("state serializes");
         // Volatile: the state lives on tmpfs (/run/gpu-mps); see gpu_mps_api::files::Durability.
         files::replace_file(path, &text, FileMode::Set(0o600), Durability::Volatile).map_err(|source| {
@@ -135,10 +175,6 @@ impl State {
                 source,
             }
         })
-    }
-
-    pub fn leases_of<'a>(&'a self, key: &'a DaemonKey) -> impl Iterator<Item = &'a LeaseRecord> + 'a {
-        self.leases.values().filter(move |l| &l.request.key == key)
     }
 }
 
@@ -169,6 +205,20 @@ mod tests {
         let again: serde_json::Value = serde_json::from_slice(&serde_json::to_vec(&s).unwrap()).unwrap();
         let old: serde_json::Value = serde_json::from_slice(&std::fs::read(path).unwrap()).unwrap();
         assert_eq!(again, old);
+    }
+
+    #[test]
+    fn the_borrowed_form_writes_the_same_json_as_the_state() {
+        let path = Path::new(concat!(
+            env!("CARGO_MANIFEST_DIR"),
+            "/tests/fixtures/state-8214996.json"
+        ));
+        let s = State::load(path).unwrap();
+        let borrowed = StateOnDisk::new(s.daemons.values(), &s.leases, &s.saved_compute_modes);
+        assert_eq!(
+            serde_json::to_string_pretty(&borrowed).unwrap(),
+            serde_json::to_string_pretty(&s).unwrap()
+        );
     }
 
     #[test]

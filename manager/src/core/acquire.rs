@@ -6,6 +6,7 @@ use tracing::{error, info, warn};
 
 use super::{Books, ManagerCore, ManagerError, now_unix};
 use crate::admission;
+use crate::daemon_life::Event;
 use crate::lease::LeaseRecord;
 use crate::metrics::AcquireOutcome;
 use crate::process_identity::ProcessIdentity;
@@ -93,7 +94,7 @@ impl ManagerCore {
                 req.container_id
             )));
         }
-        if let Some(existing) = books.state.leases.get(&req.container_id).cloned() {
+        if let Some(existing) = books.leases.get(&req.container_id).cloned() {
             let same_process = existing.process.is_none() || existing.process == Some(process);
             if same_process && existing.request.same_lease_as(request) {
                 let response = self.response_for(&books, &existing);
@@ -116,14 +117,13 @@ impl ManagerCore {
             // The id was reused by a new container (its old process is gone, its release was
             // missed): the old lease goes.
             warn!(container = %req.container_id, old_pid = existing.process.map_or(0, |p| p.pid), new_pid = req.pid, "a new container reuses the id of a lease whose process is gone; the old lease is dropped");
-            books.state.leases.remove(&req.container_id);
+            books.leases.remove(&req.container_id);
             books.mark_idle_if_unused(&existing.request.key);
         }
         // kubelet hands out units once their pod has ended, which can be before the manager has
         // dropped the lease of its container (release grace, a missed poststop): a holder whose
         // process is gone gives its units up now rather than get the new container refused.
         let gone_holders: Vec<LeaseRecord> = books
-            .state
             .leases
             .values()
             .filter(|l| {
@@ -138,10 +138,10 @@ impl ManagerCore {
             .collect();
         for gone in gone_holders {
             warn!(container = %gone.container_id, new_container = %req.container_id, "the units of a lease whose container is gone are given to a new container; the old lease is dropped");
-            books.state.leases.remove(&gone.container_id);
+            books.leases.remove(&gone.container_id);
             books.mark_idle_if_unused(&gone.request.key);
         }
-        let live = books.state.leases.values().chain(books.pending.values());
+        let live = books.leases.values().chain(books.pending.values());
         let server_limits = admission::admit(&self.inventory.gpus, live, request, &self.policy)
             .inspect_err(|refusal| {
                 warn!(container = %req.container_id, namespace = %req.namespace, pod = %req.pod, gpus = %request.key, limits = %request.limits, %refusal, "lease refused")
@@ -171,7 +171,7 @@ impl ManagerCore {
         gate_id: &ContainerId,
     ) -> Result<(), NotReady> {
         {
-            let _turn = self.daemon_turns.take(&lease.request.key).await;
+            let _turn = self.take_turn(&lease.request.key).await;
             self.ensure_daemon(&lease.request.key, server_limits)
                 .await
                 .map_err(NotReady::Daemon)?;
@@ -216,17 +216,11 @@ impl ManagerCore {
                 lease.container_id
             )));
         }
-        books.start_failures.remove(&lease.request.key);
-        if let Some(d) = books.state.daemons.get_mut(&lease.request.key.dir_name()) {
-            d.idle_since_unix = None;
-        }
-        books
-            .state
-            .leases
-            .insert(lease.container_id.clone(), lease.clone());
+        books.daemons.of(&lease.request.key).step(Event::Serving);
+        books.leases.insert(lease.container_id.clone(), lease.clone());
         if let Err(e) = books.save(&self.config.state_path()) {
             // A lease the node could forget must not run: a restart would not count it.
-            books.state.leases.remove(&lease.container_id);
+            books.leases.remove(&lease.container_id);
             books.mark_idle_if_unused(&lease.request.key);
             self.save_or_log(&mut books, "after a lease that could not be recorded");
             drop(books);
@@ -270,10 +264,10 @@ impl ManagerCore {
     pub(super) fn response_for(&self, books: &Books, lease: &LeaseRecord) -> proto::AcquireResponse {
         let mut resp = proto::AcquireResponse::new();
         resp.lease = Some(super::status::lease_proto(lease)).into();
-        if let Some(d) = books.state.daemons.get(&lease.request.key.dir_name()) {
+        if let Some(d) = books.daemons.get(&lease.request.key).and_then(|d| d.record()) {
             resp.daemon = Some(super::status::daemon_proto(
                 d,
-                books.state.leases_of(&lease.request.key).count(),
+                books.leases_of(&lease.request.key).count(),
             ))
             .into();
         }

@@ -203,7 +203,7 @@ pub(super) async fn adopt(state: &mut State, control: &dyn MpsControl) -> Vec<We
                 Err(e) => {
                     error!(daemon = %record.key, pid = record.control.pid, leases, error = %e, "the MPS control daemon of the previous run runs but does not answer; its server is taken as stuck and replaced");
                     stuck.push(WedgeReport {
-                        daemon: record.key.to_string(),
+                        daemon: record.key.clone(),
                         suspect: None,
                         detail: format!("no answer to get_server_list when the manager started: {e}"),
                     });

@@ -2,42 +2,18 @@
 //! its pipe dir), its servers' limits set through its owner task, stopped when idle. The slow
 //! work runs in the daemon's turn and outside the node's bookkeeping lock.
 
-use std::collections::HashMap;
 use std::path::Path;
-use std::sync::{Arc, Mutex as StdMutex};
 
 use gpu_mps_api::{DaemonKey, Limits};
-use tokio::sync::{Mutex as AsyncMutex, OwnedMutexGuard};
 use tracing::{error, info, warn};
 
 use super::{ManagerCore, ManagerError, SERVER_LOG, START_SERVER, make_private_dir, now_unix};
+use crate::daemon_life::{Action, Event};
 use crate::fault_watch::LogCursor;
 use crate::metrics::DaemonStart;
 use crate::mps_control::{self, ControlError};
 use crate::process_identity::ProcessIdentity;
 use crate::state::DaemonRecord;
-
-/// One turn per daemon, by daemon dir: whoever starts, stops or replaces a daemon holds its
-/// turn meanwhile. A turn guards no data (the records are in the books); it orders the slow
-/// work on one daemon so that an Acquire never finds it half started or half stopped. Turns
-/// are kept for the manager's life: one per set of GPUs ever used, a handful.
-#[derive(Default)]
-pub(super) struct DaemonTurns {
-    turns: StdMutex<HashMap<String, Arc<AsyncMutex<()>>>>,
-}
-
-impl DaemonTurns {
-    pub(super) async fn take(&self, key: &DaemonKey) -> OwnedMutexGuard<()> {
-        let turn = self
-            .turns
-            .lock()
-            .unwrap_or_else(|poisoned| poisoned.into_inner())
-            .entry(key.dir_name())
-            .or_default()
-            .clone();
-        turn.lock_owned().await
-    }
-}
 
 impl ManagerCore {
     /// Starts the daemon of `key` if none runs and makes its servers enforce `limits`; `None`
@@ -47,22 +23,19 @@ impl ManagerCore {
         key: &DaemonKey,
         limits: Option<Limits>,
     ) -> Result<(), ManagerError> {
-        let dir = key.dir_name();
         let pipe_dir = self.config.pipe_dir(key);
         let log_dir = self.config.log_dir(key);
-        let alive = self
-            .books()
-            .state
-            .daemons
-            .get(&dir)
-            .is_some_and(|d| d.control.is_alive());
-        if !alive {
-            // A GPU's fault count outlives the daemon process: a stuck server is replaced, and
-            // `gpu-mps status` must still show that it happened.
-            let history = self.books().state.daemons.get(&dir).map(|dead| {
-                warn!(daemon = %key, pid = dead.control.pid, "MPS control daemon is gone; starting a new one");
-                (dead.faults, dead.last_fault_unix)
-            });
+        let (actions, earlier) = {
+            let mut books = self.books();
+            let daemon = books.daemons.of(key);
+            let alive = daemon.record().is_some_and(|d| d.control.is_alive());
+            let earlier = daemon.record().map(|d| d.control.pid);
+            (daemon.step(Event::Wanted { alive }), earlier)
+        };
+        if actions.contains(&Action::Start) {
+            if let Some(pid) = earlier {
+                warn!(daemon = %key, pid, "MPS control daemon is gone; starting a new one");
+            }
             make_private_dir(&self.config.daemon_dir(key))?;
             make_private_dir(&pipe_dir)?;
             make_private_dir(&log_dir)?;
@@ -75,7 +48,7 @@ impl ManagerCore {
                     })?;
             self.metrics.daemon_started(
                 key,
-                match (adopted, &history) {
+                match (adopted, earlier) {
                     (true, _) => DaemonStart::Adopted,
                     (false, Some(_)) => DaemonStart::Restarted,
                     (false, None) => DaemonStart::Started,
@@ -92,26 +65,20 @@ impl ManagerCore {
                     warn!(daemon = %key, error = %e, "{START_SERVER} failed; the server starts with its first client")
                 }
             }
-            let cursor = LogCursor::at_end(&log_dir.join(SERVER_LOG));
-            let (faults, last_fault_unix) = history.unwrap_or((0, None));
+            let server_log = LogCursor::at_end(&log_dir.join(SERVER_LOG));
+            let record = DaemonRecord {
+                key: key.clone(),
+                control,
+                pipe_dir: pipe_dir.clone(),
+                log_dir,
+                started_unix: now_unix(),
+                applied: None,
+                idle_since_unix: None,
+                faults: 0,
+                last_fault_unix: None,
+            };
             let mut books = self.books();
-            books.server_logs.insert(dir.clone(), cursor);
-            books.state.daemons.insert(
-                dir.clone(),
-                DaemonRecord {
-                    key: key.clone(),
-                    control,
-                    pipe_dir: pipe_dir.clone(),
-                    log_dir,
-                    started_unix: now_unix(),
-                    applied: None,
-                    // Idle until a lease is recorded: a failed limit setting leaves it to the
-                    // idle stop instead of leaking it.
-                    idle_since_unix: Some(now_unix()),
-                    faults,
-                    last_fault_unix,
-                },
-            );
+            books.daemons.of(key).step(Event::Started { record, server_log });
             books.save(&self.config.state_path())?;
         }
         let Some(limits) = limits else {
@@ -123,9 +90,7 @@ impl ManagerCore {
             .await
             .inspect_err(|e| error!(daemon = %key, limits = %limits, error = %e, "setting limits failed"))?;
         // What `gpu-mps status` shows; the owner task keeps the cache that decides.
-        if let Some(d) = self.books().state.daemons.get_mut(&dir) {
-            d.applied = Some(limits);
-        }
+        self.books().daemons.of(key).step(Event::LimitsApplied(limits));
         Ok(())
     }
 
@@ -200,36 +165,20 @@ impl ManagerCore {
         Ok(false)
     }
 
-    /// Stops the daemon of `dir` if it is still idle and unused once its turn comes (an Acquire
-    /// may have taken it meanwhile), and drops its record. A daemon that does not stop is tried
-    /// again after another grace period, not on every tick.
-    pub(super) async fn stop_if_idle(&self, dir: &str, key: &DaemonKey, now: i64, grace_seconds: i64) {
-        let _turn = self.daemon_turns.take(key).await;
-        let record = {
-            let books = self.books();
-            let Some(record) = books.state.daemons.get(dir) else {
-                return;
-            };
-            let idle_long_enough = record
-                .idle_since_unix
-                .is_some_and(|since| now - since >= grace_seconds);
-            if !idle_long_enough || books.in_use(key) || !record.control.is_alive() {
-                return;
-            }
-            record.clone()
-        };
-        let stopped = self.stop_daemon(&record).await.unwrap_or_else(|e| {
-            error!(daemon = %record.key, error = %e, "stopping idle daemon failed");
-            false
-        });
-        let mut books = self.books();
-        if stopped {
-            books.state.daemons.remove(dir);
-            books.server_logs.remove(dir);
-        } else if let Some(d) = books.state.daemons.get_mut(dir) {
-            d.idle_since_unix = Some(now);
+    /// What a tick sees of the daemon of `key` now (its process read from /proc).
+    pub(super) fn tick_of(&self, books: &super::Books, key: &DaemonKey, now: i64) -> Event {
+        let alive = books
+            .daemons
+            .get(key)
+            .and_then(|d| d.record())
+            .is_some_and(|r| r.control.is_alive());
+        Event::Tick {
+            now,
+            alive,
+            recorded_leases: books.leases_of(key).count(),
+            pending_leases: books.pending_of(key),
+            idle_grace_seconds: self.config.daemon.idle_grace_seconds as i64,
         }
-        self.save_or_log(&mut books, "after an idle daemon's stop");
     }
 }
 

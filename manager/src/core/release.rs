@@ -22,7 +22,7 @@ impl ManagerCore {
             info!(container = %container_id, daemon = %pending.request.key, "lease released while it was being acquired");
             return Ok(true);
         }
-        let Some(lease) = books.state.leases.remove(container_id) else {
+        let Some(lease) = books.leases.remove(container_id) else {
             return Ok(false);
         };
         books.mark_idle_if_unused(&lease.request.key);

@@ -6,7 +6,7 @@ use std::path::Path;
 use gpu_mps_api::node_config::NodeConfig;
 use gpu_mps_api::{ContainerId, proto};
 
-use super::{Books, FAULT_UNHEALTHY_SECONDS, ManagerCore, START_FAILURE_UNHEALTHY_SECONDS, now_unix};
+use super::{Books, ManagerCore, now_unix};
 use crate::admission;
 use crate::lease::LeaseRecord;
 use crate::metrics::{DaemonLevels, GpuLevels, LevelSource, NodeLevels};
@@ -25,7 +25,6 @@ impl ManagerCore {
             let books = self.books();
             for g in &self.inventory.gpus {
                 let on_gpu: Vec<&LeaseRecord> = books
-                    .state
                     .leases
                     .values()
                     .filter(|l| l.request.key.contains(&g.uuid))
@@ -47,11 +46,11 @@ impl ManagerCore {
                 gpu.unhealthy_reason = unhealthy_reason(&books, &g.uuid, now_unix());
                 resp.gpus.push(gpu);
             }
-            for d in books.state.daemons.values() {
+            for d in books.daemons.records() {
                 resp.daemons
-                    .push(daemon_proto(d, books.state.leases_of(&d.key).count()));
+                    .push(daemon_proto(d, books.leases_of(&d.key).count()));
             }
-            resp.leases = books.state.leases.values().map(lease_proto).collect();
+            resp.leases = books.leases.values().map(lease_proto).collect();
         }
         for lease in &mut resp.leases {
             let Some(view) = ContainerId::parse(&lease.container_id)
@@ -96,7 +95,6 @@ impl LevelSource for ManagerCore {
             let now = now_unix();
             for g in &self.inventory.gpus {
                 let on_gpu: Vec<&LeaseRecord> = books
-                    .state
                     .leases
                     .values()
                     .filter(|l| l.request.key.contains(&g.uuid))
@@ -124,7 +122,7 @@ impl LevelSource for ManagerCore {
                     unhealthy: !unhealthy_reason(&books, &g.uuid, now).is_empty(),
                 });
             }
-            for d in books.state.daemons.values() {
+            for d in books.daemons.records() {
                 levels.daemons.push(DaemonLevels {
                     daemon: d.key.to_string(),
                     state: if d.idle_since_unix.is_some() {
@@ -132,13 +130,12 @@ impl LevelSource for ManagerCore {
                     } else {
                         "running"
                     },
-                    leases: books.state.leases_of(&d.key).count() as u64,
+                    leases: books.leases_of(&d.key).count() as u64,
                     clients: 0,
                 });
             }
             levels.leases_pending = books.pending.len() as u64;
             books
-                .state
                 .leases
                 .values()
                 .map(|l| (l.container_id.clone(), l.request.key.to_string()))
@@ -186,22 +183,15 @@ pub(super) fn daemon_proto(d: &DaemonRecord, leases: usize) -> proto::Daemon {
 
 /// Why `gpu` cannot take new containers now, or empty.
 fn unhealthy_reason(books: &Books, gpu: &str, now: i64) -> String {
-    for (key, (at, error)) in &books.start_failures {
-        let running = books
-            .state
-            .daemons
-            .get(&key.dir_name())
-            .is_some_and(|d| d.control.is_alive());
-        if key.contains(gpu) && now - at < START_FAILURE_UNHEALTHY_SECONDS && !running {
-            return format!("its MPS daemon could not start {}s ago: {error}", now - at);
-        }
-    }
-    for d in books.state.daemons.values().filter(|d| d.key.contains(gpu)) {
-        if let Some(at) = d.last_fault_unix.filter(|at| now - at < FAULT_UNHEALTHY_SECONDS) {
-            return format!("its MPS server reported a fatal fault {}s ago", now - at);
-        }
-    }
-    String::new()
+    books
+        .daemons
+        .all()
+        .filter(|d| d.key().contains(gpu))
+        .find_map(|d| {
+            let alive = d.record().is_some_and(|r| r.control.is_alive());
+            d.unhealthy_reason(now, alive)
+        })
+        .unwrap_or_default()
 }
 
 pub(super) fn lease_proto(l: &LeaseRecord) -> proto::Lease {

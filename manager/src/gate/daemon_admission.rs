@@ -26,7 +26,7 @@ use std::path::PathBuf;
 use std::sync::{Arc, Mutex as StdMutex};
 use std::time::{Duration, Instant};
 
-use gpu_mps_api::{ContainerId, Limits};
+use gpu_mps_api::{ContainerId, DaemonKey, Limits};
 use nix::sys::socket::UnixCredentials;
 use tokio::io::unix::AsyncFd;
 use tokio::sync::{mpsc, oneshot};
@@ -94,7 +94,7 @@ pub enum Outcome {
 /// leaves the server stuck for every new client until it is killed.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct WedgeReport {
-    pub daemon: String,
+    pub daemon: DaemonKey,
     /// The last process that got a channel before the daemon stopped answering, and its
     /// container: the one that left the server stuck, unless the server broke on its own.
     pub suspect: Option<(ContainerId, i32)>,
@@ -157,7 +157,7 @@ struct Applied {
 }
 
 struct Owner {
-    name: String,
+    key: DaemonKey,
     pipe_dir: PathBuf,
     gpu_count: usize,
     control: Arc<dyn MpsControl>,
@@ -178,18 +178,18 @@ struct Owner {
 impl DaemonAdmission {
     /// Starts the owner task of the daemon serving `pipe_dir`. Must run in a tokio runtime.
     pub fn spawn(
-        name: String,
+        key: DaemonKey,
         pipe_dir: PathBuf,
         gpu_count: usize,
         control: Arc<dyn MpsControl>,
         timings: RelayTimings,
         reports: WedgeReports,
     ) -> Self {
-        let name_for_errors = name.clone();
+        let name_for_errors = key.to_string();
         let (tx, rx) = mpsc::unbounded_channel();
         let view = Arc::new(StdMutex::new(QueueView::default()));
         let owner = Owner {
-            name,
+            key,
             pipe_dir,
             gpu_count,
             control,
@@ -391,7 +391,7 @@ impl Owner {
             self.gpu_count,
         )
         .await?;
-        info!(daemon = %self.name, limits = %limits, before = ?before.map(|a| a.limits), servers = ?servers, for_whom, elapsed_ms = started.elapsed().as_millis() as u64, "server limits set and read back");
+        info!(daemon = %self.key, limits = %limits, before = ?before.map(|a| a.limits), servers = ?servers, for_whom, elapsed_ms = started.elapsed().as_millis() as u64, "server limits set and read back");
         self.applied = wanted;
         Ok(Some(servers))
     }
@@ -424,9 +424,9 @@ impl Owner {
                 }
                 self.unanswered += 1;
                 if self.unanswered == WEDGED_AFTER {
-                    warn!(daemon = %self.name, suspect = ?self.last_channel, "gate: the MPS server took no client for {WEDGED_AFTER} requests in a row: {why}");
+                    warn!(daemon = %self.key, suspect = ?self.last_channel, "gate: the MPS server took no client for {WEDGED_AFTER} requests in a row: {why}");
                     lock(&self.reports).push(WedgeReport {
-                        daemon: self.name.clone(),
+                        daemon: self.key.clone(),
                         suspect: self.last_channel.take(),
                         detail: why.clone(),
                     });
@@ -508,7 +508,7 @@ impl Owner {
             Ok(Ok(Some(hello))) if hello.bytes == wire::HELLO && hello.fd_count() == 0 => {}
             Ok(Ok(Some(other))) => {
                 // Fail closed: a daemon that does not speak the measured protocol gets no client.
-                warn!(daemon = %self.name, hello = %wire::show(&other.bytes), "gate: the MPS control daemon's hello is not the one measured; nothing is relayed (re-run tests/gpu/shape-probe.sh on this driver)");
+                warn!(daemon = %self.key, hello = %wire::show(&other.bytes), "gate: the MPS control daemon's hello is not the one measured; nothing is relayed (re-run tests/gpu/shape-probe.sh on this driver)");
                 return (
                     broken(format!("unexpected hello {}", wire::show(&other.bytes))),
                     false,
@@ -575,7 +575,7 @@ impl Owner {
             // connector that passed its connection on (or exited) before it acknowledged gets
             // its channel refused here; the daemon never hears the acknowledgement.
             Ok(Ok(Some(ack))) if ack.credentials.map(|c| c.pid()) != Some(credentials.pid()) => {
-                warn!(daemon = %self.name, client_pid = credentials.pid(), sender = ?ack.credentials.map(|c| c.pid()), "gate: the acknowledgement came from another process than the one that connected (a relayed connection); not passed on");
+                warn!(daemon = %self.key, client_pid = credentials.pid(), sender = ?ack.credentials.map(|c| c.pid()), "gate: the acknowledgement came from another process than the one that connected (a relayed connection); not passed on");
                 false
             }
             Ok(Ok(Some(ack))) if ack.bytes == wire::CLIENT_ACK && ack.fd_count() == 0 => {
@@ -584,7 +584,7 @@ impl Owner {
                     .is_ok()
             }
             Ok(Ok(Some(other))) => {
-                warn!(daemon = %self.name, client_pid = credentials.pid(), message = %wire::show(&other.bytes), descriptors = other.fd_count(), "gate: the client's acknowledgement is not the one measured; not passed on");
+                warn!(daemon = %self.key, client_pid = credentials.pid(), message = %wire::show(&other.bytes), descriptors = other.fd_count(), "gate: the client's acknowledgement is not the one measured; not passed on");
                 false
             }
             _ => false,
@@ -673,7 +673,7 @@ mod tests {
 
     fn owner(dir: &std::path::Path, reports: WedgeReports) -> Owner {
         Owner {
-            name: "GPU-test".into(),
+            key: DaemonKey::new(["GPU-test"]),
             pipe_dir: dir.to_path_buf(),
             gpu_count: 1,
             control: Arc::new(crate::mps_control::CliControl {

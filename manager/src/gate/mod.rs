@@ -223,9 +223,16 @@ impl Gates {
         self
     }
 
-    /// The stuck servers the daemons' owners noticed since the last call.
+    /// The stuck servers the daemons' owners noticed since the last call (and those filed
+    /// with [`Gates::report_stuck`]).
     pub fn take_wedge_reports(&self) -> Vec<WedgeReport> {
         std::mem::take(&mut *lock(&self.wedges))
+    }
+
+    /// Files a stuck server found elsewhere (a daemon that did not answer at adoption) with
+    /// the owners' reports, for the next tick: one queue for every stuck-server report.
+    pub fn report_stuck(&self, report: WedgeReport) {
+        lock(&self.wedges).push(report);
     }
 
     /// Refuses every further request of the container, with `reason` (it left its server stuck).
@@ -396,7 +403,7 @@ impl Gates {
             .entry(key.dir_name())
             .or_insert_with(|| {
                 DaemonAdmission::spawn(
-                    key.to_string(),
+                    key.clone(),
                     pipe_dir.to_path_buf(),
                     key.gpu_uuids().len(),
                     self.control.clone(),
