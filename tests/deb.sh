@@ -10,8 +10,10 @@
 #   3. start containerd (Debian's, from that install) and the manager as the unit's ExecStart does,
 #      on a fake GPU with the fake MPS daemon (no systemd runs in a chroot); run a container of an
 #      image imported from a tarball through the registered shim; it must get a lease and be served;
-#   4. `apt-get remove gpu-mps` (binaries, registration and /run/gpu-mps go; the config and the
-#      backups of containerd's config stay), `apt-get purge gpu-mps`, then compare a listing (type,
+#   4. `apt-get remove gpu-mps` (binaries, registration and the state root go: the node config names
+#      root = "/run/gpu-mps-custom", which prerm's `gpu-mps node remove-state` removes, and postrm
+#      the empty /run/gpu-mps; the config and the backups of containerd's config stay),
+#      `apt-get purge gpu-mps`, then compare a listing (type,
 #      mode, owner, link, sha256) of the whole root with the one taken before the install. What may
 #      differ is listed in `allowed`:
 #      apt and dpkg state and logs, the packages apt pulled in (checked with dpkg --verify, which
@@ -105,12 +107,17 @@ if [ "${1:-}" = "--in-namespace" ]; then
         die "containerd's gpu-mps runtime has BinaryName '$shim', not /usr/bin/gpu-mps-shim (dump: $F/config-dump.toml)"
     say "containerd registers runtime gpu-mps with BinaryName = $shim"
 
-    # The admin's part: a node without a GPU runs the fake MPS daemon and keeps the compute mode.
+    # The admin's part: a node without a GPU runs the fake MPS daemon and keeps the compute mode;
+    # the state root is not the default one, which the package's removal must find in the config.
+    root=/run/gpu-mps-custom
     sed -i -e 's|^control_binary = .*|control_binary = "/mnt/fake-mps-control"|' \
+        -e "s|^# root = .*|root = \"$root\"|" \
         -e 's|^exclusive_process = .*|exclusive_process = false|' \
         -e 's|^idle_grace_seconds = .*|idle_grace_seconds = 1|' "$R/etc/gpu-mps/config.toml"
     grep -qx 'hook_path = "/usr/bin/gpu-mps-hook"' "$R/etc/gpu-mps/config.toml" ||
         die "the shipped /etc/gpu-mps/config.toml does not set hook_path = \"/usr/bin/gpu-mps-hook\""
+    [ "$(in_root gpu-mps config get root)" = "$root" ] ||
+        die "no line '# root = ...' in the shipped config to set root = \"$root\": gpu-mps config get root says $(in_root gpu-mps config get root 2>&1)"
     gpu=GPU-deb00000-0000-0000-0000-000000000000
     printf '{"source":"tests/deb.sh","gpus":[{"index":0,"minor":0,"uuid":"%s","name":"Fake GPU (test double)","memory_bytes":17179869184,"compute_mode":"Default","mig_enabled":false}]}\n' \
         "$gpu" >"$F/inventory.json"
@@ -124,11 +131,11 @@ if [ "${1:-}" = "--in-namespace" ]; then
         >"$F/manager.log" 2>&1 &
     manager=$!
     for _ in $(seq 100); do
-        [ -S "$R/run/containerd/containerd.sock" ] && [ -S "$R/run/gpu-mps/manager.sock" ] && break
+        [ -S "$R/run/containerd/containerd.sock" ] && [ -S "$R$root/manager.sock" ] && break
         sleep 0.1
     done
     [ -S "$R/run/containerd/containerd.sock" ] || { tail -n 20 "$F/containerd.log"; die "containerd did not start"; }
-    [ -S "$R/run/gpu-mps/manager.sock" ] || { tail -n 20 "$F/manager.log"; die "gpu-mps-manager did not start"; }
+    [ -S "$R$root/manager.sock" ] || { tail -n 20 "$F/manager.log"; die "gpu-mps-manager did not start on $root"; }
 
     # doctor, with no flag, checks the registration against the shim next to it: /usr/bin.
     in_root gpu-mps doctor >"$F/doctor.txt" 2>&1 || true
@@ -180,10 +187,10 @@ if [ "${1:-}" = "--in-namespace" ]; then
     sleep 120 &
     holder=$!
     ticks=$(sed 's/.*) //' "/proc/$holder/stat" | awk '{ print $20 }')
-    mkdir -p "$R/run/gpu-mps/leases"
+    mkdir -p "$R$root/leases"
     # Container id "abc": its lease file is named by the first 8 bytes of sha256("abc").
     printf '{"container_id":"abc","key":["%s"],"limits":{"memory_bytes":2147483648,"thread_percentage":30},"cuda_processes":1,"namespace":"","pod":"","container_name":"","bundle":"/b","process":{"pid":%s,"start_ticks":%s},"acquired_unix":1}' \
-        "$gpu" "$holder" "$ticks" >"$R/run/gpu-mps/leases/ba7816bf8f01cfea.json"
+        "$gpu" "$holder" "$ticks" >"$R$root/leases/ba7816bf8f01cfea.json"
     say "apt-get remove gpu-mps while a container holds a lease (pid $holder)"
     if in_root apt-get remove -y gpu-mps >"$F/remove-refused.log" 2>&1; then
         cat "$F/remove-refused.log"
@@ -199,23 +206,30 @@ if [ "${1:-}" = "--in-namespace" ]; then
     say "refused: $(grep -c . "$F/remove-refused.log") lines, the package stays installed"
     kill "$holder"
     wait "$holder" 2>/dev/null || true
-    rm -f "$R/run/gpu-mps/leases/ba7816bf8f01cfea.json"
+    rm -f "$R$root/leases/ba7816bf8f01cfea.json"
 
-    say "apt-get remove gpu-mps"
+    [ -e "$R$root/state.json" ] || die "the manager left no state in $root: $(ls -A "$R$root")"
+    # shellcheck disable=SC2012 # names the manager made (no odd characters), for the log only
+    say "apt-get remove gpu-mps (the state root $root holds: $(ls -A "$R$root" | tr '\n' ' '))"
     in_root apt-get remove -y gpu-mps >"$F/remove.log" 2>&1 || { cat "$F/remove.log"; die "apt-get remove gpu-mps"; }
     sed -n '/^gpu-mps: /p; /^Removing /p' "$F/remove.log"
-    # Removed: the binaries, the registration, /run/gpu-mps (no MPS daemon runs from it).
+    # Removed: the binaries, the registration, the configured state root (no MPS daemon runs from
+    # it) and the package's own /run/gpu-mps, empty.
     # Kept until the purge: the node config and the backups of containerd's config.
     for b in $(listed_binaries); do
         [ ! -e "$R/usr/bin/$b" ] || die "apt-get remove left /usr/bin/$b"
     done
+    [ ! -e "$R$root" ] || die "apt-get remove left the state root $root: $(ls -A "$R$root")"
+    # (apt ends the lines of the maintainer scripts with a carriage return: no -x)
+    grep -q "^gpu-mps: removed the state root $root" "$F/remove.log" ||
+        { cat "$F/remove.log"; die "prerm did not say that it removed the state root $root"; }
     [ ! -e "$R/run/gpu-mps" ] || die "apt-get remove left /run/gpu-mps: $(ls -A "$R/run/gpu-mps")"
     ! grep -qs gpu-mps-shim "$R/etc/containerd/config.toml" || die "apt-get remove left gpu-mps in containerd's config"
     [ -f "$R/etc/gpu-mps/config.toml" ] || die "apt-get remove did not keep /etc/gpu-mps/config.toml"
     # shellcheck disable=SC2012 # names the package made (no odd characters); ls prints nothing when none match
     backups=$(cd "$R" && ls etc/containerd/*.gpu-mps-backup.* 2>/dev/null | tr '\n' ' ')
     [ -n "$backups" ] || die "install-containerd made no backup of containerd's config, or remove deleted it"
-    say "after the remove: binaries, registration and /run/gpu-mps gone; kept /etc/gpu-mps/config.toml and $backups"
+    say "after the remove: binaries, registration, $root and /run/gpu-mps gone; kept /etc/gpu-mps/config.toml and $backups"
 
     say "apt-get purge gpu-mps"
     in_root apt-get purge -y gpu-mps >"$F/purge.log" 2>&1 || { cat "$F/purge.log"; die "apt-get purge gpu-mps"; }

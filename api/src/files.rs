@@ -42,12 +42,29 @@ pub fn replace_file(path: &Path, bytes: &[u8], mode: FileMode, durability: Durab
         .file_name()
         .map(|n| n.to_string_lossy().into_owned())
         .unwrap_or_default();
-    let tmp = dir.join(format!(".{name}.gpu-mps.{}.tmp", std::process::id()));
+    let tmp = dir.join(temp_file_name(&name, std::process::id()));
     let result = write_then_rename(path, &tmp, bytes, mode, durability);
     if result.is_err() {
         let _ = fs::remove_file(&tmp);
     }
     result
+}
+
+/// The temp file [`replace_file`] writes `name`'s new content to, in the same dir, before its
+/// rename: one per writer (`pid`), so that two never write into one.
+pub fn temp_file_name(name: &str, pid: u32) -> String {
+    format!(".{name}.gpu-mps.{pid}.tmp")
+}
+
+/// The name whose temp file `name` is (see [`temp_file_name`]): a writer killed between the
+/// write and the rename leaves it.
+pub fn replaced_by_temp_file(name: &str) -> Option<&str> {
+    let (target, pid) = name
+        .strip_prefix('.')?
+        .strip_suffix(".tmp")?
+        .rsplit_once(".gpu-mps.")?;
+    let is_pid = !pid.is_empty() && pid.bytes().all(|b| b.is_ascii_digit());
+    (is_pid && !target.is_empty()).then_some(target)
 }
 
 fn write_then_rename(
@@ -169,6 +186,28 @@ mod tests {
             .map(|e| e.unwrap().file_name())
             .collect();
         assert_eq!(names, ["f.json"]);
+    }
+
+    #[test]
+    fn a_temp_file_name_reads_back_as_the_name_it_replaces() {
+        assert_eq!(temp_file_name("state.json", 77), ".state.json.gpu-mps.77.tmp");
+        assert_eq!(
+            replaced_by_temp_file(".state.json.gpu-mps.77.tmp"),
+            Some("state.json")
+        );
+        assert_eq!(
+            replaced_by_temp_file(".a.gpu-mps.b.gpu-mps.1.tmp"),
+            Some("a.gpu-mps.b")
+        );
+        for other in [
+            ".state.json.gpu-mps..tmp",
+            ".state.json.gpu-mps.7x.tmp",
+            "state.json.gpu-mps.7.tmp",
+            "..gpu-mps.7.tmp",
+            ".x.tmp",
+        ] {
+            assert_eq!(replaced_by_temp_file(other), None, "{other}");
+        }
     }
 
     #[test]

@@ -1,7 +1,7 @@
 //! Types shared by gpu-mps-shim, gpu-mps-hook, gpu-mps-manager and gpu-mps-device-plugin. Pure,
 //! except the manager client ([`client`], [`proto`]), the file writing every component shares
 //! ([`files`]), the node files every component reads ([`node_files`]) and the `/proc` reads of
-//! [`process_identity`].
+//! [`process_identity`] and [`mps_pipe_dir`].
 
 pub mod annotations;
 pub mod client;
@@ -16,6 +16,7 @@ pub mod limits;
 pub mod maxima;
 pub mod memory_units;
 pub mod message;
+pub mod mps_pipe_dir;
 pub mod node_config;
 pub mod node_files;
 pub mod process_identity;

@@ -101,11 +101,7 @@ pub fn load_config(path: &Path) -> Result<NodeConfig, NodeFileError> {
     Ok(NodeConfig::load(path)?)
 }
 
-/// Written by gpu-mps-manager next to the inventory when NVML does not load (no NVIDIA driver, or
-/// a library that does not match the kernel module), with NVML's reason on one line; removed at
-/// a start where NVML loads. It is how the shim, which never loads NVML, tells a pod that the node
-/// has no driver rather than that the manager is not running.
-pub const NVML_ERROR_FILE: &str = "nvml-error";
+pub use crate::node_config::NVML_ERROR_FILE;
 
 /// The inventory at `path`. When the manager's last start found no driver (its NVML error file
 /// next to `path`), that is the error: any inventory there is from before and names GPUs that

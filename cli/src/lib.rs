@@ -8,3 +8,4 @@ pub mod doctor;
 pub mod explain;
 pub mod installed;
 pub mod live_leases;
+pub mod remove_state;

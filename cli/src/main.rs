@@ -17,6 +17,7 @@ use gpu_mps_cli::doctor;
 use gpu_mps_cli::explain::explain_rewrite;
 use gpu_mps_cli::installed;
 use gpu_mps_cli::live_leases;
+use gpu_mps_cli::remove_state;
 use gpu_mps_shim::node_files::load_inventory;
 
 #[derive(Debug, clap::Args)]
@@ -321,10 +322,12 @@ enum Command {
         #[command(subcommand)]
         action: ConfigAction,
     },
-    /// The node's own gpu-mps: what stands in the way of removing it.
+    /// The node's own gpu-mps: what stands in the way of removing it, and the removal of its
+    /// state.
     #[command(after_help = "Examples:
   gpu-mps node live-leases || echo \"drain the node's gpu-mps pods first\"
-  gpu-mps node live-leases --host-root /host   (from a container with the host's / at /host and hostPID)")]
+  gpu-mps node live-leases --host-root /host   (from a container with the host's / at /host and hostPID)
+  gpu-mps node remove-state --dry-run")]
     Node {
         #[command(subcommand)]
         action: NodeAction,
@@ -342,10 +345,30 @@ enum NodeAction {
         #[arg(long, default_value = "/")]
         host_root: PathBuf,
     },
+    /// Remove the manager's state root (`root` in the node config) once gpu-mps is uninstalled:
+    /// only gpu-mps's own entries, then the root itself when nothing else was in it, so that a
+    /// root shared with other files loses nothing else. One line per entry removed or kept and
+    /// one for the root. Exit status 0 when removed (or there is none), 3 while gpu-mps-manager
+    /// or an MPS control daemon still runs from it (one line each on stderr; nothing is removed),
+    /// 1 on an error.
+    #[command(after_help = "Examples:
+  gpu-mps node remove-state --dry-run
+  gpu-mps node remove-state
+  gpu-mps --config /etc/gpu-mps/config.toml node remove-state --host-root /host   (from a container with the host's / at /host and hostPID)")]
+    RemoveState {
+        /// Where the host's / is mounted; the pids are read from this process's /proc, so run it
+        /// with the host's PID namespace.
+        #[arg(long, default_value = "/")]
+        host_root: PathBuf,
+        /// Print what would be removed; remove nothing.
+        #[arg(long)]
+        dry_run: bool,
+    },
 }
 
-/// `gpu-mps node live-leases` found containers that still run.
-const LIVE_LEASES_EXIT: u8 = 3;
+/// A `gpu-mps node` command found gpu-mps still in use: containers holding leases
+/// (live-leases), a manager or an MPS daemon running from the root (remove-state).
+const STILL_IN_USE_EXIT: u8 = 3;
 
 #[derive(Debug, Subcommand)]
 enum ConfigAction {
@@ -367,6 +390,27 @@ Examples:
   gpu-mps doctor
   gpu-mps explain /run/containerd/io.containerd.runtime.v2.task/k8s.io/<container-id>
   gpu-mps config get root";
+
+/// `gpu-mps node remove-state`: what goes and what stays on stdout, why nothing goes on stderr.
+fn remove_state(config: &NodeConfig, host_root: &Path, dry_run: bool) -> anyhow::Result<ExitCode> {
+    let root = remove_state::StateRoot::new(&config.root, host_root);
+    let survey = remove_state::survey(&root)?;
+    let plan = remove_state::plan(survey.as_ref());
+    let lines = plan.lines(&root.on_disk, dry_run);
+    if plan.refused() {
+        for line in lines {
+            eprintln!("gpu-mps: {line}");
+        }
+        return Ok(ExitCode::from(STILL_IN_USE_EXIT));
+    }
+    if !dry_run {
+        remove_state::remove(&root, &plan)?;
+    }
+    for line in lines {
+        println!("{line}");
+    }
+    Ok(ExitCode::SUCCESS)
+}
 
 fn status(args: &Args, config: &NodeConfig) -> anyhow::Result<StatusView> {
     let socket = args.socket.clone().unwrap_or_else(|| config.manager_socket());
@@ -406,10 +450,16 @@ fn run(args: Args) -> anyhow::Result<ExitCode> {
             println!("{line}");
         }
         return Ok(if found.any() {
-            ExitCode::from(LIVE_LEASES_EXIT)
+            ExitCode::from(STILL_IN_USE_EXIT)
         } else {
             ExitCode::SUCCESS
         });
+    }
+    if let Command::Node {
+        action: NodeAction::RemoveState { host_root, dry_run },
+    } = &args.command
+    {
+        return remove_state(&config, host_root, *dry_run);
     }
     if let Command::Explain { bundle, inventory } = &args.command {
         let inventory_path = inventory.clone().unwrap_or_else(|| config.inventory_path());

@@ -17,8 +17,7 @@ use thiserror::Error;
 use tokio::io::AsyncWriteExt;
 use tokio::process::Command;
 
-/// File the control daemon writes its pid to, inside its pipe dir.
-pub const PID_FILE: &str = "nvidia-cuda-mps-control.pid";
+pub use gpu_mps_api::mps_pipe_dir::{PID_FILE, read_pid_file};
 /// The socket clients connect to, inside the pipe dir.
 pub const CONTROL_SOCKET: &str = gpu_mps_api::node_config::GATE_SOCKET;
 
@@ -199,15 +198,6 @@ impl MpsControl for CliControl {
         }
         Ok(stdout)
     }
-}
-
-/// Reads the control daemon's pid from its pipe dir.
-pub fn read_pid_file(pipe_dir: &Path) -> Option<u32> {
-    std::fs::read_to_string(pipe_dir.join(PID_FILE))
-        .ok()?
-        .trim()
-        .parse()
-        .ok()
 }
 
 /// The CLI's stderr, or its stdout when stderr is empty (it prints "Cannot find MPS control

@@ -12,9 +12,11 @@ use std::ffi::OsStr;
 use std::os::unix::ffi::OsStrExt;
 use std::path::Path;
 
+use gpu_mps_api::mps_pipe_dir::names_pipe_dir;
+pub use gpu_mps_api::mps_pipe_dir::serves_pipe_dir;
+
 const SERVER_BINARY: &str = "nvidia-cuda-mps-server";
 const CONTROL_BINARY: &str = "nvidia-cuda-mps-control";
-const PIPE_DIR_VAR: &[u8] = b"CUDA_MPS_PIPE_DIRECTORY=";
 
 /// An MPS server process of a pipe dir.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -28,21 +30,6 @@ pub struct ServerProcess {
 fn runs_binary(cmdline: &[u8], binary: &str) -> bool {
     let argv0 = cmdline.split(|b| *b == 0).next().unwrap_or_default();
     Path::new(OsStr::from_bytes(argv0)).file_name() == Some(OsStr::new(binary))
-}
-
-/// True if `environ` (/proc/<pid>/environ, NUL-separated) names exactly `pipe_dir`.
-fn names_pipe_dir(environ: &[u8], pipe_dir: &Path) -> bool {
-    environ
-        .split(|b| *b == 0)
-        .filter_map(|var| var.strip_prefix(PIPE_DIR_VAR))
-        .any(|value| Path::new(OsStr::from_bytes(value)) == pipe_dir)
-}
-
-/// True if process `pid` runs with `CUDA_MPS_PIPE_DIRECTORY=<pipe_dir>`, as every MPS control
-/// daemon the manager starts does: a pid file can name a pid the kernel has since given to an
-/// unrelated process, which must never be signalled.
-pub fn serves_pipe_dir(pid: u32, pipe_dir: &Path) -> bool {
-    std::fs::read(format!("/proc/{pid}/environ")).is_ok_and(|environ| names_pipe_dir(&environ, pipe_dir))
 }
 
 /// The server processes of `pipe_dir` running now. Processes whose environment cannot be read
@@ -94,34 +81,12 @@ mod tests {
     use std::process::{Child, Command};
 
     #[test]
-    fn a_server_is_known_by_argv0_and_its_pipe_dir_variable() {
+    fn a_server_is_known_by_argv0() {
         assert!(runs_binary(b"/usr/bin/nvidia-cuda-mps-server\0", SERVER_BINARY));
         assert!(runs_binary(b"nvidia-cuda-mps-server\0\0", SERVER_BINARY));
         assert!(!runs_binary(b"nvidia-cuda-mps-control\0-d\0", SERVER_BINARY));
         assert!(!runs_binary(b"sh\0nvidia-cuda-mps-server\0", SERVER_BINARY));
         assert!(!runs_binary(b"", SERVER_BINARY));
-        let dir = Path::new("/run/gpu-mps/daemons/GPU-1/pipe");
-        assert!(names_pipe_dir(
-            b"PATH=/bin\0CUDA_MPS_PIPE_DIRECTORY=/run/gpu-mps/daemons/GPU-1/pipe\0",
-            dir
-        ));
-        // A trailing slash names the same dir; a longer path or another variable does not.
-        assert!(names_pipe_dir(
-            b"CUDA_MPS_PIPE_DIRECTORY=/run/gpu-mps/daemons/GPU-1/pipe/\0",
-            dir
-        ));
-        assert!(!names_pipe_dir(
-            b"CUDA_MPS_PIPE_DIRECTORY=/run/gpu-mps/daemons/GPU-10/pipe\0",
-            dir
-        ));
-        assert!(!names_pipe_dir(
-            b"CUDA_MPS_LOG_DIRECTORY=/run/gpu-mps/daemons/GPU-1/pipe\0",
-            dir
-        ));
-        assert!(!names_pipe_dir(
-            b"XCUDA_MPS_PIPE_DIRECTORY=/run/gpu-mps/daemons/GPU-1/pipe\0",
-            dir
-        ));
     }
 
     /// A copy of `sleep` named like the server, started with `pipe_dir` in its environment.

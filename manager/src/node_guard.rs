@@ -11,7 +11,7 @@ use nix::sys::resource::{Resource, getrlimit, setrlimit};
 use thiserror::Error;
 
 /// File under the root whose exclusive lock a running manager holds.
-pub const LOCK_FILE: &str = "manager.lock";
+pub const LOCK_FILE: &str = gpu_mps_api::node_config::MANAGER_LOCK_FILE;
 
 #[derive(Debug, Error)]
 pub enum GuardError {

@@ -19,6 +19,7 @@ use std::os::unix::fs::{MetadataExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 
 use gpu_mps_api::files::{self, GATE_DIR_MODE, PRIVATE_DIR_MODE};
+use gpu_mps_api::node_config;
 use thiserror::Error;
 
 #[derive(Debug, Error)]
@@ -157,13 +158,13 @@ pub fn claim_root(root: &Path) -> Result<Option<Narrowed>, StateRootError> {
 pub fn secure_tree(root: &Path) -> Result<Vec<Narrowed>, StateRootError> {
     let mut narrowed: Vec<Narrowed> = Vec::new();
     narrowed.extend(claim_root(root)?);
-    let daemons = root.join("daemons");
-    let gates = root.join("gates");
+    let daemons = root.join(node_config::DAEMONS_DIR);
+    let gates = root.join(node_config::GATES_DIR);
     narrowed.extend(ensure_dir(&daemons, PRIVATE_DIR_MODE)?);
     narrowed.extend(ensure_dir(&gates, PRIVATE_DIR_MODE)?);
     // Something else in the way of `leases` is the lease files' to report at each save (a
     // disk that cannot be written); the manager still starts.
-    let leases = root.join("leases");
+    let leases = root.join(node_config::LEASES_DIR);
     if fs::symlink_metadata(&leases).is_ok_and(|m| m.is_dir() || m.file_type().is_symlink()) {
         narrowed.extend(secure_dir(&leases, PRIVATE_DIR_MODE)?);
     }

@@ -181,22 +181,25 @@ for b in $binaries; do
     rm -f "$host$prefix/bin/$b"
 done
 say "removed $binaries from $prefix/bin"
-# Only what the manager keeps there, then the directory if that was all: a root set to a shared
-# directory (root = "/run") loses nothing else.
-# (The list follows api/src/node_config/mod.rs and the manager: its lease files, NVML's reason when no
-# driver loads, and state files it set aside as unusable.)
-for entry in manager.sock manager.lock state.json inventory.json node-config.json \
-    gate-keeper.sock gate-keeper.lock daemons gates leases nvml-error; do
-    rm -rf "${host:?}$root/$entry"
-done
-rm -f "${host:?}$root"/state.json.unusable-*
-if [ ! -e "$host$root" ]; then
-    say "no state root $root"
-elif rmdir "$host$root" 2>/dev/null; then
-    say "removed the state root $root"
-else
-    say "kept $root: it holds more than the manager's files: $(cd "$host$root" && echo * .[!.]*)"
-fi
+# The state root: only what gpu-mps keeps there, then the directory if that was all (a root set
+# to a shared directory, root = "/run", loses nothing else), and nothing while an MPS control
+# daemon still runs from it: `gpu-mps node remove-state`, the rule the Debian package's prerm
+# keeps too. One line per entry removed or kept, and one for the root.
+set +e
+removed=$(GPU_MPS_CONFIG=$node_config chroot "$host" "$cli" node remove-state 2>&1)
+removed_status=$?
+set -e
+printf '%s\n' "$removed" | while IFS= read -r line; do say "${line#gpu-mps: }"; done
+case $removed_status in
+    0) ;;
+    3)
+        # Only FORCE=true gets here with leases; without, an MPS daemon the manager left runs.
+        [ "${FORCE:-false}" = true ] ||
+            die "the state root $root stays while its MPS control daemons run (the lines above): stop them, then run this again"
+        say "FORCE=true: kept the state root $root for the MPS control daemons that still run from it"
+        ;;
+    *) die "could not remove the state root $root (the line above)" ;;
+esac
 if [ "${PURGE_NODE_CONFIG:-false}" = true ]; then
     rm -f "$host$node_config"
     rmdir "$(dirname "$host$node_config")" 2>/dev/null || true

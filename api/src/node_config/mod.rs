@@ -25,6 +25,7 @@ mod device_plugin;
 mod gate;
 mod limits;
 mod observe;
+pub mod root_entries;
 #[cfg(test)]
 mod tests;
 
@@ -33,6 +34,11 @@ pub use device_plugin::DevicePluginConfig;
 pub use gate::GateConfig;
 pub use limits::LimitsConfig;
 pub use observe::{GpusConfig, MetricsConfig};
+pub use root_entries::{
+    DAEMONS_DIR, GATE_KEEPER_LOCK_FILE, GATE_KEEPER_SOCKET_FILE, GATES_DIR, INVENTORY_FILE, LEASES_DIR,
+    MANAGER_LOCK_FILE, MANAGER_SOCKET_FILE, NVML_ERROR_FILE, PUBLISHED_CONFIG_FILE, ROOT_ENTRIES, STATE_FILE,
+    is_root_entry,
+};
 
 pub const DEFAULT_CONFIG_PATH: &str = "/etc/gpu-mps/config.toml";
 /// The socket in a gate dir: the name MPS gives its control socket, which CUDA clients look
@@ -303,25 +309,35 @@ impl NodeConfig {
     }
 
     pub fn manager_socket(&self) -> PathBuf {
-        self.root.join("manager.sock")
+        self.root.join(MANAGER_SOCKET_FILE)
     }
 
     pub fn inventory_path(&self) -> PathBuf {
-        self.root.join("inventory.json")
+        self.root.join(INVENTORY_FILE)
     }
 
     pub fn state_path(&self) -> PathBuf {
-        self.root.join("state.json")
+        self.root.join(STATE_FILE)
     }
 
     /// One file per recorded lease, beside the state file: what the leases are rebuilt from
     /// when the state file cannot be used.
     pub fn lease_files_dir(&self) -> PathBuf {
-        self.root.join("leases")
+        self.root.join(LEASES_DIR)
+    }
+
+    /// Held by the running manager (flock): one manager per root.
+    pub fn manager_lock_path(&self) -> PathBuf {
+        self.root.join(MANAGER_LOCK_FILE)
+    }
+
+    /// Where the daemon dirs live.
+    pub fn daemons_root(&self) -> PathBuf {
+        self.root.join(DAEMONS_DIR)
     }
 
     pub fn daemon_dir(&self, key: &crate::DaemonKey) -> PathBuf {
-        self.root.join("daemons").join(key.dir_name())
+        self.daemons_root().join(key.dir_name())
     }
 
     pub fn pipe_dir(&self, key: &crate::DaemonKey) -> PathBuf {
@@ -341,7 +357,7 @@ impl NodeConfig {
 
     /// Where the gate dirs live.
     pub fn gates_root(&self) -> PathBuf {
-        self.root.join("gates")
+        self.root.join(GATES_DIR)
     }
 }
 
@@ -388,8 +404,6 @@ fn check_root(path: &str, root: &Path) -> Result<(), ConfigError> {
     Ok(())
 }
 
-/// File name of the published config, under the root.
-pub const PUBLISHED_CONFIG_FILE: &str = "node-config.json";
 /// 2 since the config has the file's sections (2026-12-07); a version-1 file, left by a
 /// manager of before, is refused with "restart gpu-mps-manager" until the new one publishes.
 const PUBLISHED_VERSION: u32 = 2;

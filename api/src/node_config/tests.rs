@@ -471,3 +471,42 @@ fn device_plugin_section_parses_and_refuses_bad_values() {
         .to_string();
     assert!(e.contains("unit"), "{e}");
 }
+
+#[test]
+fn every_path_under_the_root_is_named_in_the_root_entries() {
+    let c = parse("root = \"/run/x\"").unwrap();
+    let key = crate::DaemonKey::new(["GPU-a"]);
+    let id = crate::ContainerId::parse("4844287073c56bf2a1d0e9c3b7f6a5d4e3c2b1a0918273645546372819201a2b")
+        .unwrap();
+    let top = [
+        c.manager_socket(),
+        c.manager_lock_path(),
+        c.state_path(),
+        c.inventory_path(),
+        c.published_path(),
+        c.lease_files_dir(),
+        c.daemons_root(),
+        c.gates_root(),
+    ];
+    let nested = [
+        c.daemon_dir(&key),
+        c.pipe_dir(&key),
+        c.log_dir(&key),
+        c.gate_dir(&id),
+    ];
+    let under_root = nested.iter().map(|p| {
+        let rest = p.strip_prefix(&c.root).unwrap();
+        c.root.join(rest.iter().next().unwrap())
+    });
+    for path in top.into_iter().chain(under_root) {
+        assert_eq!(path.parent(), Some(c.root.as_path()), "{}", path.display());
+        let name = path.file_name().unwrap().to_str().unwrap();
+        assert!(
+            ROOT_ENTRIES.contains(&name),
+            "{} is not in ROOT_ENTRIES",
+            path.display()
+        );
+    }
+    let nvml_error = c.inventory_path().with_file_name(NVML_ERROR_FILE);
+    assert!(is_root_entry(nvml_error.file_name().unwrap().to_str().unwrap()));
+}

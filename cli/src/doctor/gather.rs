@@ -12,7 +12,7 @@ use std::time::{Duration, Instant, UNIX_EPOCH};
 
 use gpu_mps_api::NodeConfig;
 use gpu_mps_api::client::ManagerConnection;
-use gpu_mps_api::node_config::{PUBLISHED_CONFIG_FILE, PublishedConfig};
+use gpu_mps_api::node_config::PublishedConfig;
 use gpu_mps_api::node_files::load_inventory;
 use gpu_mps_api::process_identity::ProcessIdentity;
 use gpu_mps_api::proto;
@@ -57,9 +57,6 @@ const ANSWER_TIME: Duration = Duration::from_secs(5);
 /// Clock ticks per second in /proc/<pid>/stat: USER_HZ, 100 on every architecture Linux
 /// runs containerd on (the kernel's own HZ may differ; /proc reports in USER_HZ).
 const USER_HZ: u64 = 100;
-/// The file under the root whose lock the running manager holds, with its pid in it
-/// (gpu-mps-manager's node_guard::LOCK_FILE).
-const MANAGER_LOCK_FILE: &str = "manager.lock";
 
 pub fn gather(o: &DoctorOptions) -> Facts {
     let config = gather_config(&o.config);
@@ -492,8 +489,8 @@ fn is_manager(pid: u32) -> bool {
 
 /// The manager's pid: from the lock it holds under its root, else from the config it published.
 fn manager_pid(node: &NodeConfig) -> Result<u32, String> {
-    let lock = node.root.join(MANAGER_LOCK_FILE);
-    let published = node.root.join(PUBLISHED_CONFIG_FILE);
+    let lock = node.manager_lock_path();
+    let published = node.published_path();
     let from_lock = fs::read_to_string(&lock).ok().and_then(|t| t.trim().parse().ok());
     let from_published = fs::read_to_string(&published)
         .ok()
