@@ -4,7 +4,7 @@
 # Installs its prerequisites, fetches containerd 1.6 / 1.7 / 2.x + runc from Debian into a private
 # cache, checks format and lints, builds, then runs the unit tests, the shim/manager/hook
 # integration tests and the end-to-end suites on real containerd through ctr and the CRI API,
-# then a bounded run of every fuzz target.
+# then the dependencies' licences (cargo deny) and a bounded run of every fuzz target.
 # Needs root (containerd, runc and mounts). The GPU suite is tests/gpu/run.sh, on a GPU machine.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -37,6 +37,7 @@ step "prefetch and prebuild"
 # shellcheck disable=SC2015 # meant: the message when the prefetch failed or logged nothing
 wait "$prefetch" && grep '^prefetch: ' target/prefetch.log ||
     { echo "prefetch failed (each step fetches and builds for itself):"; tail -n5 target/prefetch.log; }
+step "deny"; bash tests/deny.sh   # licences, sources, duplicate crates of every dependency (deny.toml, docs/adr/0017)
 step "metrics"; bash tests/metrics.sh   # the manager's /metrics, checked with promtool (docs/metrics.md)
 step "image"; bash tests/image.sh   # the DaemonSet image: built with buildah, run through CRI (packaging/README.md)
 step "debian package"; bash tests/deb.sh   # install, run a container, purge in a fresh Debian 12 root (packaging/README.md)

@@ -4,8 +4,8 @@
 # machine these are minutes of waiting on the network, which the compile hides. Each step still
 # fetches what it finds missing, so a failure here costs time, never a result.
 #   bash tests/support/prefetch.sh              (as root)
-#   bash tests/support/prefetch.sh --prebuild   (then the release binaries, the arm64 cross build
-#                                                and the fuzz targets; tests/run.sh runs this in
+#   bash tests/support/prefetch.sh --prebuild   (then cargo-deny, the release binaries, the arm64
+#                                                cross build and the fuzz targets; tests/run.sh runs this in
 #                                                the background)
 # The builds run at the lowest CPU priority: on 2 cores they take only what clippy, the build and
 # the tests leave idle (the end-to-end tests mostly wait on containerd), and each step then finds
@@ -44,7 +44,7 @@ bash tests/support/debian-root.sh deb-root --variant=minbase --include=ca-certif
 bash tests/support/fetch-promtool.sh >/dev/null
 echo "prefetch: done in $((SECONDS - start)) s"
 [ "$prebuild" = yes ] || exit 0
-for build in "scripts/build-release.sh" "tests/arm64.sh --build-only" "tests/fuzz-smoke.sh --build-only"; do
+for build in "tests/deny.sh --install-only" "scripts/build-release.sh" "tests/arm64.sh --build-only" "tests/fuzz-smoke.sh --build-only"; do
     phase=$SECONDS
     # shellcheck disable=SC2086 # a script and its argument
     nice -n 19 bash $build >/dev/null 2>&1 || { echo "prefetch: $build failed (its step builds again)"; continue; }
