@@ -339,6 +339,9 @@ enum NodeAction {
     /// The containers that still hold a lease, from the lease files under the state root (the
     /// manager may be stopped): one line each. Exit status 0 when none, 3 when any runs or a lease
     /// file cannot be read (its container may run), 1 on an error.
+    #[command(after_help = "Examples:
+  gpu-mps node live-leases || echo \"drain the node's gpu-mps pods first\"
+  gpu-mps node live-leases --host-root /host   (from a container with the host's / at /host and hostPID)")]
     LiveLeases {
         /// Where the host's / is mounted; the pids are read from this process's /proc, so run it
         /// with the host's PID namespace.
@@ -377,8 +380,15 @@ enum ConfigAction {
     /// `limits.ceiling`, `limits.maxima`, `device_plugin.memory_unit_bytes`); `config show` has
     /// every path. A string prints as is, anything else as JSON (`null` when unset). An unknown
     /// path fails, naming the nearest one.
+    #[command(after_help = "Examples:
+  gpu-mps config get root
+  gpu-mps config get limits.policy
+  gpu-mps --config /etc/gpu-mps/config.toml config get gate.max_connections")]
     Get { key: String },
     /// Every setting, as JSON (the shape the manager publishes in <root>/node-config.json).
+    #[command(after_help = "Examples:
+  gpu-mps config show
+  gpu-mps config show | jq .limits")]
     Show,
 }
 

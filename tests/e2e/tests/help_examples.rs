@@ -1,4 +1,5 @@
-//! Every binary's `--help`, and each of its subcommands' (`gpu-mps status --help`), shows an
+//! Every binary's `--help`, and each of its subcommands' at every depth (`gpu-mps status --help`,
+//! `gpu-mps node remove-state --help`), shows an
 //! example of its use (STYLE.md: `--help` has an example).
 //! Runs the built binaries (see gpu_mps_e2e::binaries; `cargo build --workspace` first).
 
@@ -7,9 +8,9 @@ use std::process::Command;
 
 use gpu_mps_e2e::Binaries;
 
-fn help_of(binary: &Path, subcommand: Option<&str>) -> String {
+fn help_of(binary: &Path, path: &[String]) -> String {
     let out = Command::new(binary)
-        .args(subcommand)
+        .args(path)
         .arg("--help")
         .env_remove("GPU_MPS_CONFIG")
         .output()
@@ -18,7 +19,7 @@ fn help_of(binary: &Path, subcommand: Option<&str>) -> String {
         out.status.success(),
         "{} {} --help: {}: {}",
         binary.display(),
-        subcommand.unwrap_or(""),
+        path.join(" "),
         out.status,
         String::from_utf8_lossy(&out.stderr)
     );
@@ -53,10 +54,21 @@ fn every_help_shows_an_example() {
             .file_name()
             .map(|n| n.to_string_lossy().into_owned())
             .unwrap_or_default();
-        let top = help_of(binary, None);
-        let mut helps = vec![(name.clone(), top.clone())];
-        for sub in subcommands(&top) {
-            helps.push((format!("{name} {sub}"), help_of(binary, Some(&sub))));
+        // Every level: `gpu-mps node` and `gpu-mps node remove-state` alike.
+        let mut helps = Vec::new();
+        let mut to_read: Vec<Vec<String>> = vec![Vec::new()];
+        while let Some(path) = to_read.pop() {
+            let help = help_of(binary, &path);
+            for sub in subcommands(&help) {
+                let mut deeper = path.clone();
+                deeper.push(sub);
+                to_read.push(deeper);
+            }
+            let what = std::iter::once(name.clone())
+                .chain(path)
+                .collect::<Vec<_>>()
+                .join(" ");
+            helps.push((what, help));
         }
         for (what, help) in helps {
             // An example is a command line naming the binary itself, under an "Example" heading.
@@ -70,7 +82,13 @@ fn every_help_shows_an_example() {
         }
     }
     // The subcommands are found, not listed here: the CLI's and the hook's must be among them.
-    for expected in ["gpu-mps status", "gpu-mps explain", "gpu-mps-hook poststop"] {
+    for expected in [
+        "gpu-mps status",
+        "gpu-mps explain",
+        "gpu-mps-hook poststop",
+        "gpu-mps node remove-state",
+        "gpu-mps config get",
+    ] {
         assert!(
             seen.iter().any(|s| s == expected),
             "{expected} not found in {seen:?}"
