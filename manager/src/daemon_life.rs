@@ -151,6 +151,24 @@ pub enum Phase {
     Idle(i64),
 }
 
+impl Phase {
+    /// The phase of a daemon with this process record.
+    pub fn of_record(record: &DaemonRecord) -> Phase {
+        record.idle_since_unix.map_or(Phase::Running, Phase::Idle)
+    }
+
+    /// What `gpu-mps status` and the `gpu_mps_daemons{state}` metric call a daemon that has a
+    /// process: "running" with leases, "idle" without.
+    pub fn status_name(self) -> &'static str {
+        match self {
+            Phase::Idle(_) => "idle",
+            Phase::Running => "running",
+            Phase::Absent => "absent",
+            Phase::Failed => "failed",
+        }
+    }
+}
+
 impl Daemon {
     pub fn new(key: DaemonKey) -> Self {
         Daemon {
@@ -176,7 +194,7 @@ impl Daemon {
 
     pub fn phase(&self) -> Phase {
         match (&self.record, &self.start_failure) {
-            (Some(r), _) => r.idle_since_unix.map_or(Phase::Running, Phase::Idle),
+            (Some(r), _) => Phase::of_record(r),
             (None, Some(_)) => Phase::Failed,
             (None, None) => Phase::Absent,
         }

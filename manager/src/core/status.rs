@@ -125,11 +125,7 @@ impl LevelSource for ManagerCore {
             for d in books.daemons.records() {
                 levels.daemons.push(DaemonLevels {
                     daemon: d.key.to_string(),
-                    state: if d.idle_since_unix.is_some() {
-                        "idle"
-                    } else {
-                        "running"
-                    },
+                    state: crate::daemon_life::Phase::of_record(d).status_name(),
                     leases: books.leases_of(&d.key).count() as u64,
                     clients: 0,
                 });
@@ -168,12 +164,7 @@ pub(super) fn daemon_proto(d: &DaemonRecord, leases: usize) -> proto::Daemon {
         daemon.active_thread_percentage = u32::from(l.thread_percentage);
     }
     daemon.leases = leases as u32;
-    daemon.state = if d.idle_since_unix.is_some() {
-        "idle"
-    } else {
-        "running"
-    }
-    .into();
+    daemon.state = crate::daemon_life::Phase::of_record(d).status_name().into();
     daemon.idle_since_unix = d.idle_since_unix.unwrap_or(0);
     daemon.started_unix = d.started_unix;
     daemon.faults = d.faults;

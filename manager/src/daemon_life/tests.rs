@@ -313,3 +313,12 @@ fn the_book_keeps_each_daemon_by_key_for_the_managers_life() {
     book.of(&other);
     assert_eq!(book.keys().len(), 2);
 }
+
+#[test]
+fn status_names_a_daemon_with_a_process_running_or_idle() {
+    let mut d = serving(11, 100);
+    assert_eq!(d.phase().status_name(), "running");
+    d.step(Event::Unused { now: 200 });
+    assert_eq!(d.phase().status_name(), "idle");
+    assert_eq!(Phase::of_record(d.record().unwrap()), Phase::Idle(200));
+}
