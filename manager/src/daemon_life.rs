@@ -115,7 +115,8 @@ pub enum Event {
     },
 }
 
-/// What the manager must do after a step, in this order.
+/// What the manager must do after a step, in this order. (Writing the state file after a change
+/// is the books' rule for every change, so it is no action here.)
 #[derive(Debug, Clone, PartialEq)]
 pub enum Action {
     /// Start a process for it (or adopt an orphan that owns its pipe dir).
@@ -134,8 +135,6 @@ pub enum Action {
     },
     /// Its server reported a fatal GPU fault.
     ReportFault,
-    /// Write the state file.
-    Save,
 }
 
 /// The daemon's state, as `gpu-mps status` and docs/internals.md name it.
@@ -234,7 +233,7 @@ impl Daemon {
                 record.idle_since_unix = Some(record.started_unix);
                 self.record = Some(record);
                 self.server_log = Some(server_log);
-                vec![Action::Save]
+                Vec::new()
             }
             Event::StartFailed(failure) => {
                 self.start_failure = Some(failure);
@@ -262,13 +261,13 @@ impl Daemon {
             Event::Stopped => {
                 self.record = None;
                 self.server_log = None;
-                vec![Action::Save]
+                Vec::new()
             }
             Event::StopDeclined { now } => {
                 if let Some(r) = &mut self.record {
                     r.idle_since_unix = Some(now);
                 }
-                vec![Action::Save]
+                Vec::new()
             }
             Event::ServerLogRead {
                 process,
@@ -288,7 +287,7 @@ impl Daemon {
                 // access among 4 clients) within milliseconds: the lines of one read are one fault.
                 r.faults += 1;
                 r.last_fault_unix = Some(now);
-                vec![Action::ReportFault, Action::Save]
+                vec![Action::ReportFault]
             }
             Event::Stuck { report, alive, now } => {
                 let Some(r) = &mut self.record else {
@@ -296,14 +295,11 @@ impl Daemon {
                 };
                 r.faults += 1;
                 r.last_fault_unix = Some(now);
-                vec![
-                    Action::ReplaceStuck {
-                        report,
-                        // A dead daemon's pid may belong to another process by now.
-                        daemon_pid: alive.then_some(r.control.pid),
-                    },
-                    Action::Save,
-                ]
+                vec![Action::ReplaceStuck {
+                    report,
+                    // A dead daemon's pid may belong to another process by now.
+                    daemon_pid: alive.then_some(r.control.pid),
+                }]
             }
         }
     }
@@ -329,7 +325,7 @@ impl Daemon {
             if recorded_leases + pending_leases == 0 {
                 self.record = None;
                 self.server_log = None;
-                return vec![Action::Forgotten { dead_pid: pid }, Action::Save];
+                return vec![Action::Forgotten { dead_pid: pid }];
             }
             // Running containers reach MPS through its pipe dir: without a daemon, a CUDA
             // process that starts now would open a direct context (the whole GPU) unless

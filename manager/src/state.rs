@@ -127,13 +127,7 @@ impl State {
     }
 
     pub fn save(&self, path: &Path) -> Result<(), StateError> {
-        StateOnDisk {
-            version: self.version,
-            daemons: self.daemons.iter().map(|(dir, d)| (dir.clone(), d)).collect(),
-            leases: &self.leases,
-            saved_compute_modes: &self.saved_compute_modes,
-        }
-        .save(path)
+        StateOnDisk::new(self.daemons.values(), &self.leases, &self.saved_compute_modes).save(path)
     }
 
     pub fn leases_of<'a>(&'a self, key: &'a DaemonKey) -> impl Iterator<Item = &'a LeaseRecord> + 'a {
@@ -182,14 +176,14 @@ impl<'a> StateOnDisk<'a> {
 mod tests {
     use super::*;
 
+    /// A state file written by commit 8214996's code (tests/fixtures/).
+    const STATE_8214996: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/fixtures/state-8214996.json");
+
     #[test]
     fn a_state_file_written_before_the_request_was_one_type_loads_whole() {
         // Written by commit 8214996 (tests/fixtures/): a manager upgraded over it adopts every
         // lease with what it held.
-        let path = Path::new(concat!(
-            env!("CARGO_MANIFEST_DIR"),
-            "/tests/fixtures/state-8214996.json"
-        ));
+        let path = Path::new(STATE_8214996);
         let s = State::load(path).unwrap();
         let key = DaemonKey::new(["GPU-9e2f7c3d-0b4a-41e6-8d5c-2a7b9f1e3d02"]);
         assert_eq!(s.daemons[&key.dir_name()].faults, 1);
@@ -209,10 +203,7 @@ mod tests {
 
     #[test]
     fn the_borrowed_form_writes_the_same_json_as_the_state() {
-        let path = Path::new(concat!(
-            env!("CARGO_MANIFEST_DIR"),
-            "/tests/fixtures/state-8214996.json"
-        ));
+        let path = Path::new(STATE_8214996);
         let s = State::load(path).unwrap();
         let borrowed = StateOnDisk::new(s.daemons.values(), &s.leases, &s.saved_compute_modes);
         assert_eq!(

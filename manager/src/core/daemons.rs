@@ -164,22 +164,6 @@ impl ManagerCore {
         warn!(daemon = %record.key, pid = record.control.pid, "daemon did not exit within 5 s after quit");
         Ok(false)
     }
-
-    /// What a tick sees of the daemon of `key` now (its process read from /proc).
-    pub(super) fn tick_of(&self, books: &super::Books, key: &DaemonKey, now: i64) -> Event {
-        let alive = books
-            .daemons
-            .get(key)
-            .and_then(|d| d.record())
-            .is_some_and(|r| r.control.is_alive());
-        Event::Tick {
-            now,
-            alive,
-            recorded_leases: books.leases_of(key).count(),
-            pending_leases: books.pending_of(key),
-            idle_grace_seconds: self.config.daemon.idle_grace_seconds as i64,
-        }
-    }
 }
 
 /// A daemon that died leaves its pid file and sockets behind; a new one must not trip on them.

@@ -258,6 +258,22 @@ impl ManagerCore {
         actions
     }
 
+    /// What a tick sees of the daemon of `key` now (its process read from /proc).
+    fn tick_of(&self, books: &Books, key: &DaemonKey, now: i64) -> Event {
+        let alive = books
+            .daemons
+            .get(key)
+            .and_then(|d| d.record())
+            .is_some_and(|r| r.control.is_alive());
+        Event::Tick {
+            now,
+            alive,
+            recorded_leases: books.leases_of(key).count(),
+            pending_leases: books.pending_of(key),
+            idle_grace_seconds: self.config.daemon.idle_grace_seconds as i64,
+        }
+    }
+
     /// In the daemon's turn: a new daemon for the recorded leases, with their server limits
     /// (all of one daemon's leases have the same class).
     async fn restart_for_leases(&self, key: &DaemonKey, now: i64) {

@@ -75,7 +75,7 @@ fn a_daemon_nobody_started_is_absent_and_a_container_that_wants_it_starts_it() {
 #[test]
 fn a_started_daemon_is_idle_until_a_lease_is_recorded_then_running() {
     let mut d = Daemon::new(key());
-    assert_eq!(d.step(started(11, 100)), [Action::Save]);
+    assert_eq!(d.step(started(11, 100)), []);
     assert_eq!(d.phase(), Phase::Idle(100));
     assert_eq!(d.server_log(), Some(LogCursor { offset: 10 }));
     assert_eq!(d.step(Event::Wanted { alive: true }), []);
@@ -102,7 +102,7 @@ fn an_idle_daemon_is_stopped_only_after_the_grace_period_with_nothing_pending() 
     assert_eq!(d.step(tick(200 + GRACE, true, 0, 0)), [Action::StopIdle]);
     // The step says what to do; only the stop's outcome changes the daemon.
     assert_eq!(d.phase(), Phase::Idle(200));
-    assert_eq!(d.step(Event::Stopped), [Action::Save]);
+    assert_eq!(d.step(Event::Stopped), []);
     assert_eq!(d.phase(), Phase::Absent);
     assert_eq!(d.server_log(), None);
 }
@@ -112,7 +112,7 @@ fn a_daemon_that_declines_to_stop_waits_another_grace_period() {
     let mut d = serving(11, 100);
     d.step(Event::Unused { now: 200 });
     assert_eq!(d.step(tick(240, true, 0, 0)), [Action::StopIdle]);
-    assert_eq!(d.step(Event::StopDeclined { now: 240 }), [Action::Save]);
+    assert_eq!(d.step(Event::StopDeclined { now: 240 }), []);
     assert_eq!(d.step(tick(241, true, 0, 0)), [], "not on every tick");
     assert_eq!(d.step(tick(240 + GRACE, true, 0, 0)), [Action::StopIdle]);
 }
@@ -130,7 +130,7 @@ fn a_daemon_that_died_unused_is_forgotten() {
     d.step(Event::Unused { now: 150 });
     assert_eq!(
         d.step(tick(160, false, 0, 0)),
-        [Action::Forgotten { dead_pid: 11 }, Action::Save]
+        [Action::Forgotten { dead_pid: 11 }]
     );
     assert_eq!(d.phase(), Phase::Absent);
     assert!(d.record().is_none());
@@ -209,7 +209,7 @@ fn a_fault_in_the_server_log_counts_once_per_read_and_makes_the_gpus_unhealthy()
     };
     assert_eq!(d.step(read(0, 110)), []);
     assert_eq!(d.server_log(), Some(LogCursor { offset: 99 }));
-    assert_eq!(d.step(read(4, 120)), [Action::ReportFault, Action::Save]);
+    assert_eq!(d.step(read(4, 120)), [Action::ReportFault]);
     assert_eq!(d.record().unwrap().faults, 1, "four teardown lines are one fault");
     assert_eq!(
         d.unhealthy_reason(125, true).as_deref(),
@@ -242,13 +242,10 @@ fn a_stuck_server_is_replaced_and_counted_and_a_dead_daemons_pid_is_never_killed
             alive: true,
             now: 130
         }),
-        [
-            Action::ReplaceStuck {
-                report: report(),
-                daemon_pid: Some(11)
-            },
-            Action::Save
-        ]
+        [Action::ReplaceStuck {
+            report: report(),
+            daemon_pid: Some(11)
+        }]
     );
     assert_eq!(d.record().unwrap().last_fault_unix, Some(130));
     let actions = d.step(Event::Stuck {
