@@ -6,6 +6,7 @@
 pub mod containerd_registration;
 pub mod doctor;
 pub mod explain;
+pub mod host_paths;
 pub mod installed;
 pub mod live_leases;
 pub mod remove_state;

@@ -452,8 +452,7 @@ fn run(args: Args) -> anyhow::Result<ExitCode> {
         action: NodeAction::LiveLeases { host_root },
     } = &args.command
     {
-        let dir = config.lease_files_dir();
-        let dir = host_root.join(dir.strip_prefix("/").unwrap_or(&dir));
+        let dir = gpu_mps_cli::host_paths::on_host(host_root, &config.lease_files_dir());
         let found = live_leases::read(&dir)
             .with_context(|| format!("reading the lease files in {}", dir.display()))?;
         for line in found.lines() {

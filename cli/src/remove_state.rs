@@ -53,7 +53,7 @@ pub struct StateRoot {
 impl StateRoot {
     pub fn new(root: &Path, host_root: &Path) -> Self {
         StateRoot {
-            on_disk: host_root.join(root.strip_prefix("/").unwrap_or(root)),
+            on_disk: crate::host_paths::on_host(host_root, root),
             named: root.to_path_buf(),
         }
     }

@@ -225,10 +225,7 @@ impl Default for InstallOptions {
 impl InstallOptions {
     /// Where a host path is seen from this process.
     pub fn on_host(&self, path: &Path) -> PathBuf {
-        if self.host_root == Path::new("/") {
-            return path.to_path_buf();
-        }
-        self.host_root.join(path.strip_prefix("/").unwrap_or(path))
+        crate::host_paths::on_host(&self.host_root, path)
     }
 }
 
