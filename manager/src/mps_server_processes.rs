@@ -12,7 +12,6 @@ use std::ffi::OsStr;
 use std::os::unix::ffi::OsStrExt;
 use std::path::Path;
 
-use gpu_mps_api::mps_pipe_dir::names_pipe_dir;
 pub use gpu_mps_api::mps_pipe_dir::serves_pipe_dir;
 
 const SERVER_BINARY: &str = "nvidia-cuda-mps-server";
@@ -43,7 +42,7 @@ pub fn servers_of(pipe_dir: &Path) -> Vec<ServerProcess> {
         .filter_map(|e| e.file_name().to_str()?.parse::<u32>().ok())
         .filter(|pid| {
             std::fs::read(format!("/proc/{pid}/cmdline")).is_ok_and(|c| runs_binary(&c, SERVER_BINARY))
-                && std::fs::read(format!("/proc/{pid}/environ")).is_ok_and(|e| names_pipe_dir(&e, pipe_dir))
+                && serves_pipe_dir(*pid, pipe_dir)
         })
         .map(|pid| ServerProcess {
             pid,
